@@ -1,0 +1,153 @@
+"""The counting conventions every report cites: FLOPs, bytes, intensity, bound.
+
+FLOPs (exact matmul count, the convention of flash-attention's
+``hopper/benchmark_attn.py`` and ``flash_attn/cute/bench_utils.py``, and of
+FlashInfer's ``testing/utils.py::attention_flops``)::
+
+    fwd      = 2 * B * Hq * Sq * avg_kv * (D_qk + D_v)
+    avg_kv   = Skv                              (no mask)
+             = (max(0, Skv - Sq) + Skv) / 2     (causal, bottom-right aligned)
+    bwd      = 2.5 * fwd      ("2 for bwd, 0.5 for recompute")
+    fwd_bwd  = 3.5 * fwd
+
+Query heads count; K/V heads do not (GQA/MQA save bytes, not FLOPs). Softmax
+exponentials are not counted. Decode and MLA use the same formula with their dims.
+
+Bytes (each tensor at its element size; K and V are sized by K/V heads):
+
+* ``bytes_min``: every input read once and every output written once: the floor
+  no kernel can beat. fwd: Q, K, V read, O written. fwd_bwd adds the forward's
+  LSE write (fp32, kept for the backward) and the backward's reads of Q, K, V,
+  O, dO, LSE and writes of dQ, dK, dV.
+* ``bytes_model``: what the backend's algorithm moves by family. ``fused``
+  kernels (FlashAttention-style tiling, Dao et al. 2022) move ``bytes_min``
+  (plus the LSE they always write). ``eager`` and ``math`` materialise the
+  Sq x Skv score matrix: see :func:`score_bytes`.
+"""
+from __future__ import annotations
+
+from attnbench.bench.case import Case
+
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+LSE_BYTES = 4  # the log-sum-exp is kept in fp32 by every fused kernel
+BACKWARD_FLOP_FACTOR = 2.5
+LATENCY_FRACTION = 0.2  # under 20% of both ceilings: latency-bound (DESIGN.md)
+
+
+def avg_kv(case: Case) -> float:
+    """Mean number of keys a query attends to; causal is bottom-right aligned."""
+    if not case.causal:
+        return float(case.seq_kv)
+    return (max(0, case.seq_kv - case.seq_q) + case.seq_kv) / 2
+
+
+def forward_flops(case: Case) -> float:
+    """2·B·Hq·Sq·avg_kv·(D_qk + D_v): QK^T and PV, one multiply-add = 2 FLOPs."""
+    return 2.0 * case.batch * case.heads_q * case.seq_q * avg_kv(case) * (case.head_dim_qk + case.head_dim_v)
+
+
+def flops(case: Case) -> float:
+    """FLOPs of one call in the case's mode; fwd_bwd = 3.5 x forward."""
+    fwd = forward_flops(case)
+    return fwd * (1 + BACKWARD_FLOP_FACTOR) if case.has_backward else fwd
+
+
+def _tensor_bytes(case: Case) -> dict[str, float]:
+    e = ELEMENT_BYTES[case.dtype]
+    b = case.batch
+    return {
+        "q": b * case.heads_q * case.seq_q * case.head_dim_qk * e,
+        "k": b * case.heads_kv * case.seq_kv * case.head_dim_qk * e,
+        "v": b * case.heads_kv * case.seq_kv * case.head_dim_v * e,
+        "o": b * case.heads_q * case.seq_q * case.head_dim_v * e,
+        "lse": b * case.heads_q * case.seq_q * LSE_BYTES,
+    }
+
+
+def kv_cache_bytes(case: Case) -> float:
+    """Bytes of K and V (the decode working set): 2·B·Hkv·Skv·D·elt, per DeepSeek-V2 Table 1."""
+    t = _tensor_bytes(case)
+    if case.layout == "mla":  # the value is the first d_c dims of the cached key: one tensor
+        return t["k"]
+    return t["k"] + t["v"]
+
+
+def bytes_min(case: Case) -> float:
+    """Each input read once, each output written once."""
+    t = _tensor_bytes(case)
+    forward = t["q"] + kv_cache_bytes(case) + t["o"]
+    if not case.has_backward:
+        return forward
+    # forward also writes the LSE; backward reads q,k,v,o,dO,lse and writes dq,dk,dv
+    backward = (t["q"] + kv_cache_bytes(case) + 2 * t["o"] + t["lse"]) + (t["q"] + kv_cache_bytes(case))
+    return forward + t["lse"] + backward
+
+
+def score_passes(case: Case, family: str) -> list[str]:
+    """The passes over the Sq x Skv score matrix an unfused backend makes, as element dtypes.
+
+    ``eager`` (``attnbench.kernels.eager``, the Hugging Face eager recipe): S =
+    QK^T written and read by softmax; a causal mask is one more read and write of
+    S; softmax writes fp32 probabilities, cast back to the input dtype (one fp32
+    read and one write, skipped in fp32) and read by PV. Backward: dP written;
+    the cast's backward (read, fp32 write); softmax backward reads P and dP and
+    writes dS; the mask's backward (read, write); dS read by the dQ and dK
+    matmuls; P read by the dV matmul.
+
+    ``math`` (SDPA's math path, which upcasts fp16/bf16 to fp32 first): the same
+    passes with every score-sized tensor in fp32 and no cast.
+    """
+    dt = case.dtype if family == "eager" else "fp32"
+    cast = dt != "fp32"
+    mask = ["fp32" if family == "math" else dt] * 2 if case.causal else []
+    fwd = [dt, dt] + mask + ["fp32"] + (["fp32", dt] if cast else []) + [dt]
+    if not case.has_backward:
+        return fwd
+    bwd = [dt] + ([dt, "fp32"] if cast else []) + ["fp32", "fp32" if cast else dt, dt] + mask + [dt, dt, dt]
+    return fwd + bwd
+
+
+def score_bytes(case: Case, family: str) -> float:
+    """HBM bytes spent on the score matrix: B·Hq·Sq·Skv elements per pass of :func:`score_passes`."""
+    elements = case.batch * case.heads_q * case.seq_q * case.seq_kv
+    return elements * sum(ELEMENT_BYTES[d] for d in score_passes(case, family))
+
+
+def bytes_model(case: Case, family: str) -> float:
+    """Bytes the backend's algorithm moves. Families: fused, eager, math.
+
+    Terms of order B·H·S·D beyond ``bytes_min`` (scaling Q, math's fp32 copies of
+    the inputs, GQA head repeats) are left out: the score matrix dominates them
+    by a factor of Skv/D.
+    """
+    if family == "fused":
+        return bytes_min(case) + (0 if case.has_backward else _tensor_bytes(case)["lse"])
+    if family in ("eager", "math"):
+        return bytes_min(case) + score_bytes(case, family)
+    raise ValueError(f"family={family!r} is not allowed; allowed: fused, eager, math")
+
+
+def intensity(flop_count: float, byte_count: float) -> float:
+    """Arithmetic intensity in FLOP/byte (Williams et al. 2009, roofline)."""
+    return flop_count / byte_count if byte_count else float("nan")
+
+
+def roofline_bound(flop_count: float, byte_count: float, seconds: float, peak_flops: float, peak_bytes_per_s: float) -> tuple[str, float]:
+    """Label a measured run memory-, compute- or latency-bound; return (label, fraction of roofline).
+
+    The roofline at intensity I is min(peak_flops, I * peak_bw) (Williams et al.
+    2009). A run that reaches under 20% of both the compute and the bandwidth
+    ceiling is latency-bound (launch, occupancy or synchronisation dominate);
+    otherwise its side of the ridge point decides. The fraction is the achieved
+    FLOP rate over the roofline at its intensity.
+    """
+    if not (seconds > 0 and peak_flops > 0 and peak_bytes_per_s > 0):
+        return "unknown", float("nan")
+    achieved_flops = flop_count / seconds
+    achieved_bw = byte_count / seconds
+    ai = intensity(flop_count, byte_count)
+    roof = min(peak_flops, ai * peak_bytes_per_s)
+    fraction = achieved_flops / roof if roof else float("nan")
+    if achieved_flops < LATENCY_FRACTION * peak_flops and achieved_bw < LATENCY_FRACTION * peak_bytes_per_s:
+        return "latency", fraction
+    return ("memory" if ai < peak_flops / peak_bytes_per_s else "compute"), fraction

@@ -1,0 +1,38 @@
+"""Random inputs for a case: fresh per check, seeded per case, never zeros."""
+from __future__ import annotations
+
+import torch
+
+from attnbench.bench.case import Case
+from attnbench.kernels.registry import Tensors
+
+
+def make_tensors(case: Case, device: str | torch.device, *, seed: int, dtype: torch.dtype | None = None,
+                 requires_grad: bool | None = None) -> Tensors:
+    """Standard-normal q, k, v (and dO for fwd_bwd) in BHSD layout.
+
+    ``dtype`` overrides the case's dtype (the fp64 reference draws the same
+    values in fp64 from the same seed, then the checked copy is rounded from it).
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = dtype or case.torch_dtype
+    grad = case.has_backward if requires_grad is None else requires_grad
+
+    def draw(*shape):
+        t = torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+        return t.requires_grad_(grad)
+
+    b = case.batch
+    q = draw(b, case.heads_q, case.seq_q, case.head_dim_qk)
+    k = draw(b, case.heads_kv, case.seq_kv, case.head_dim_qk)
+    v = k[..., : case.head_dim_v].detach().clone().requires_grad_(grad) if case.layout == "mla" else \
+        draw(b, case.heads_kv, case.seq_kv, case.head_dim_v)
+    dout = draw(b, case.heads_q, case.seq_q, case.head_dim_v).detach() if case.has_backward else None
+    return Tensors(q, k, v, dout)
+
+
+def cast_tensors(t: Tensors, dtype: torch.dtype, requires_grad: bool) -> Tensors:
+    """The same values in another dtype, as fresh leaves."""
+    def c(x):
+        return None if x is None else x.detach().to(dtype).requires_grad_(requires_grad)
+    return Tensors(c(t.q), c(t.k), c(t.v), None if t.dout is None else t.dout.detach().to(dtype))

@@ -1,0 +1,216 @@
+"""Run a group of cases against backends in one process and return tidy rows.
+
+Order: cases outer, backends inner, so a case's inputs are drawn once and every
+backend times the same tensors. Each (case, backend) is isolated: an exception
+becomes that row's status (``oom``, ``unsupported`` for "No available kernel",
+``error`` otherwise) and the group goes on.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from attnbench.bench import conventions
+from attnbench.bench.case import Case
+from attnbench.bench.ceilings import Ceilings
+from attnbench.bench.inputs import make_tensors
+from attnbench.bench.numerics import Baselines, baselines, check_numerics
+from attnbench.bench.provenance import environment, kernel_names, sm_clock_mhz, timestamp
+from attnbench.bench.results import empty_row
+from attnbench.bench.timing import Timing, time_callable
+from attnbench.kernels.registry import Backend, get_backend, safe_available
+
+
+@dataclass
+class RunOptions:
+    sweep: str = "adhoc"
+    group: str = "default"
+    device: str = "cpu"
+    numerics: bool = True
+    max_err_ratio: float = 2.0  # flash-attention's test rule: at most 2x plain PyTorch's error in the same dtype
+    seed: int = 0
+    warmup_ms: float = 25
+    rep_ms: float = 100
+    cpu_min_run_time_s: float = 0.2
+    ceilings: Ceilings | None = None
+
+
+def _one_line(err: BaseException, caught: list | None = None) -> str:
+    text = f"{type(err).__name__}: {err}".strip().replace("\n", " ")
+    if caught:
+        text += " | " + " | ".join(str(w.message).replace("\n", " ") for w in caught)
+    return text[:800]
+
+
+def _case_seed(case: Case, base: int) -> int:
+    return (int(case.case_id, 16) + base) % (2**31)
+
+
+class _Job:
+    def __init__(self, backends: list[str], options: RunOptions, log: Callable[[str], None]):
+        self.options = options
+        self.log = log
+        self.backends = [get_backend(name) for name in backends]
+        self.availability = {b.name: safe_available(b) for b in self.backends}
+        self.env = environment(options.device)
+        self.profiled: dict[tuple, list[str]] = {}
+        self.reference: tuple[Callable, Timing] | None = None
+        self.baselines: tuple[Case, Baselines] | None = None  # the current case's, shared by its backends
+
+    def sync(self):
+        if self.options.device == "cuda":
+            torch.cuda.synchronize()
+
+    def time(self, fn: Callable, case: Case) -> Timing:
+        o = self.options
+        return time_callable(fn, o.device, prefer_graph=case.mode == "decode", warmup_ms=o.warmup_ms,
+                             rep_ms=o.rep_ms, cpu_min_run_time_s=o.cpu_min_run_time_s)
+
+    def base_row(self, case: Case, backend: Backend) -> dict:
+        row = empty_row()
+        row.update(case.fields())
+        row.update(self.env)
+        row.update(sweep=self.options.sweep, group=self.options.group, case_id=case.case_id,
+                   backend=backend.name, timestamp=timestamp(), reason="",
+                   flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
+                   bytes_model=conventions.bytes_model(case, backend.family))
+        try:
+            row["backend_version"] = backend.version()
+        except Exception as err:
+            row["backend_version"] = f"unknown ({type(err).__name__})"
+        if self.options.ceilings:
+            row["peak_flops"] = self.options.ceilings.peak_flops(case.dtype)
+            row["peak_bytes_per_s"] = self.options.ceilings.copy_bytes_per_s
+        return row
+
+    def measure(self, case: Case, backend: Backend, tensors) -> dict:
+        row = self.base_row(case, backend)
+        ok, reason = self.availability[backend.name]
+        if not ok:
+            return {**row, "status": "unavailable", "reason": reason}
+        ok, reason = backend.supports(case)
+        if not ok:
+            return {**row, "status": "unsupported", "reason": reason}
+        device = self.options.device
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                self._measure(case, backend, tensors, row)
+            except torch.OutOfMemoryError as err:
+                row.update(status="oom", reason=_one_line(err)[:300])
+            except NotImplementedError as err:
+                row.update(status="unsupported", reason=_one_line(err))
+            except RuntimeError as err:  # SDPA's pinned kernel refusing a case says so, with reasons as warnings
+                unsupported = "No available kernel" in str(err)
+                row.update(status="unsupported" if unsupported else "error", reason=_one_line(err, caught))
+            except Exception as err:
+                row.update(status="error", reason=_one_line(err))
+        if row["status"] != "ok" and device == "cuda":
+            torch.cuda.empty_cache()
+        return row
+
+    def _measure(self, case: Case, backend: Backend, tensors, row: dict) -> None:
+        o = self.options
+        fn = backend.build(case, tensors)
+        start = time.perf_counter()
+        fn()
+        self.sync()
+        row["setup_s"] = time.perf_counter() - start
+
+        key = (backend.name, case.shape_class)
+        if key not in self.profiled:
+            self.profiled[key] = kernel_names(fn, o.device)
+        names = self.profiled[key]
+        row["kernels"] = ";".join(names)
+        if o.device == "cuda" and not backend.kernels_match(names):
+            row.update(status="error", reason=f"kernels that ran do not match {backend.name} "
+                       f"(pattern {backend.kernel_pattern!r}): {';'.join(names)[:300]}")
+            return
+
+        if o.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            self.sync()
+            row["peak_mem_bytes"] = float(torch.cuda.max_memory_allocated())
+
+        row["sm_clock_start_mhz"] = sm_clock_mhz()
+        timing = self.time(fn, case)
+        row["sm_clock_end_mhz"] = sm_clock_mhz()
+        seconds = timing.median
+        row.update(timer=timing.method, ms_median=seconds * 1e3, ms_p20=timing.quantile(0.2) * 1e3,
+                   ms_p80=timing.quantile(0.8) * 1e3, cv=timing.cv, n_reps=timing.n,
+                   tflops=row["flops"] / seconds / 1e12, gbps=row["bytes_model"] / seconds / 1e9,
+                   intensity=conventions.intensity(row["flops"], row["bytes_model"]), status="ok")
+        if o.ceilings:
+            row["bound"], row["frac_of_peak"] = conventions.roofline_bound(
+                row["flops"], row["bytes_model"], seconds, row["peak_flops"], row["peak_bytes_per_s"])
+        if self.reference is None:
+            self.reference = (fn, timing)
+        del fn
+
+        if o.numerics:
+            self._numerics(case, backend, row)
+
+    def _numerics(self, case: Case, backend: Backend, row: dict) -> None:
+        def attend(q, k, v):
+            return backend.attention(q, k, v, causal=case.causal, scale=case.scale)
+
+        seed = _case_seed(case, self.options.seed + 1)
+        if self.baselines is None or self.baselines[0] != case:
+            self.baselines = None  # free the previous case's tensors first
+            self.baselines = (case, baselines(case, self.options.device, seed))
+        result = check_numerics(case, attend, self.options.device, seed, self.baselines[1])
+        row.update(rel_err=result.out.rel_err, max_abs_err=result.out.max_abs_err, **result.ratios())
+        if result.grads:
+            for name, errs in zip(("dq", "dk", "dv"), result.grads):
+                row[f"rel_err_{name}"] = errs.rel_err
+        errors = [row["rel_err"]] + [row[f"rel_err_{n}"] for n in ("dq", "dk", "dv") if result.grads]
+        worst = row["err_ratio_vs_eager"] = result.worst_ratio_vs_eager()
+        if not all(math.isfinite(e) for e in errors):
+            row.update(status="numerics_fail", reason="non-finite output or gradient (NaN/inf, or an unwritten element)")
+        elif worst > self.options.max_err_ratio:
+            row.update(status="numerics_fail",
+                       reason=f"error {worst:.2f}x eager's in {case.dtype} (allowed: <= {self.options.max_err_ratio}x)")
+
+    def drift(self) -> float:
+        """Re-time the job's first measured call; its relative change flags clock or thermal drift."""
+        if self.reference is None:
+            return float("nan")
+        fn, first = self.reference
+        again = time_callable(fn, self.options.device, warmup_ms=self.options.warmup_ms, rep_ms=self.options.rep_ms,
+                              cpu_min_run_time_s=self.options.cpu_min_run_time_s)
+        return again.median / first.median - 1
+
+
+def run_group(cases: list[Case], backends: list[str], options: RunOptions,
+              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict]:
+    """Measure every (case, backend); never raises for a single case's failure."""
+    job = _Job(backends, options, log)
+    rows = []
+    for i, case in enumerate(cases, 1):
+        try:
+            tensors = make_tensors(case, options.device, seed=_case_seed(case, options.seed))
+        except torch.OutOfMemoryError as err:
+            tensors, input_error = None, err
+        for backend in job.backends:
+            if tensors is None:
+                row = {**job.base_row(case, backend), "status": "oom", "reason": _one_line(input_error)[:300]}
+            else:
+                row = job.measure(case, backend, tensors)
+            rows.append(row)
+            timing = f"{row['ms_median']:.4f} ms {row['tflops']:.2f} TFLOP/s" if row["status"] in ("ok", "numerics_fail") else row["reason"][:120]
+            log(f"[{i}/{len(cases)}] {backend.name:15s} {case.label()}: {row['status']} {timing}")
+        del tensors
+        job.baselines = None
+        if options.device == "cuda":
+            torch.cuda.empty_cache()
+    drift = job.drift()
+    for row in rows:
+        row["job_drift"] = drift
+    return rows

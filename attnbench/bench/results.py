@@ -1,0 +1,150 @@
+"""The results row: its columns, their types, and the atomic parquet writer.
+
+One row per (case, backend). :data:`COLUMNS` is the single source of truth;
+``attnbench schema results`` renders it as the JSON schema the workflow
+validates against, and :func:`validate_rows` checks a frame against it.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+STATUSES = ("ok", "unsupported", "unavailable", "oom", "error", "numerics_fail")
+
+# name: (type, description). Types: string, integer, number, boolean, list (of strings or numbers).
+COLUMNS: dict[str, tuple[str, str]] = {
+    # identity
+    "sweep": ("string", "sweep name from the config"),
+    "group": ("string", "case group the row was run in"),
+    "case_id": ("string", "stable hash of the case fields"),
+    "backend": ("string", "registered backend name"),
+    "backend_version": ("string", "version of the library behind the backend"),
+    "mode": ("string", "fwd, fwd_bwd or decode"),
+    "layout": ("string", "mha, gqa, mqa or mla"),
+    "batch": ("integer", "batch size"),
+    "heads_q": ("integer", "query heads"),
+    "heads_kv": ("integer", "key/value heads"),
+    "head_dim_qk": ("integer", "query/key head dim"),
+    "head_dim_v": ("integer", "value head dim"),
+    "seq_q": ("integer", "query length"),
+    "seq_kv": ("integer", "key/value length"),
+    "causal": ("boolean", "bottom-right aligned causal mask"),
+    "dtype": ("string", "fp32, fp16, bf16 or fp8"),
+    "page_size": ("integer", "KV page size, 0 for contiguous"),
+    # outcome
+    "status": ("string", "one of " + ", ".join(STATUSES)),
+    "reason": ("string", "why the status is not ok (empty when ok)"),
+    # timing
+    "timer": ("string", "do_bench, cuda_graph or torch.utils.benchmark"),
+    "ms_median": ("number", "median time per call, ms"),
+    "ms_p20": ("number", "20th percentile, ms"),
+    "ms_p80": ("number", "80th percentile, ms"),
+    "cv": ("number", "coefficient of variation of the samples"),
+    "n_reps": ("integer", "timed samples"),
+    "setup_s": ("number", "first call (JIT/compile, autotune) wall time, s"),
+    # derived
+    "flops": ("number", "FLOPs of one call (conventions.flops)"),
+    "tflops": ("number", "flops / median time / 1e12"),
+    "bytes_min": ("number", "each input read once, each output written once"),
+    "bytes_model": ("number", "bytes the backend family's algorithm moves"),
+    "bytes_measured": ("number", "DRAM bytes read + written from Nsight Compute (hbm stage), else NaN"),
+    "gbps": ("number", "bytes_model / median time / 1e9"),
+    "intensity": ("number", "flops / bytes_model"),
+    "bound": ("string", "memory, compute, latency or unknown"),
+    "frac_of_peak": ("number", "achieved FLOP/s over the roofline at this intensity"),
+    "peak_flops": ("number", "measured matmul ceiling for this dtype, FLOP/s"),
+    "peak_bytes_per_s": ("number", "measured copy bandwidth, bytes/s"),
+    # memory
+    "peak_mem_bytes": ("number", "peak allocated device memory during one call, inputs included (CUDA only)"),
+    # numerics
+    "rel_err": ("number", "||out - ref||_F / ||ref||_F against fp64"),
+    "max_abs_err": ("number", "max |out - ref| against fp64"),
+    "err_ratio_vs_math": ("number", "rel_err over sdpa-math's rel_err in the same dtype"),
+    "err_ratio_vs_eager": ("number", "worst error (output or gradient) over eager's in the same dtype: the 2x gate"),
+    "rel_err_dq": ("number", "dQ relative error (fwd_bwd)"),
+    "rel_err_dk": ("number", "dK relative error (fwd_bwd)"),
+    "rel_err_dv": ("number", "dV relative error (fwd_bwd)"),
+    "err_ratio_dq": ("number", "dQ error over sdpa-math's"),
+    "err_ratio_dk": ("number", "dK error over sdpa-math's"),
+    "err_ratio_dv": ("number", "dV error over sdpa-math's"),
+    # provenance
+    "device": ("string", "cuda or cpu"),
+    "device_name": ("string", "GPU or CPU name"),
+    "driver": ("string", "NVIDIA driver version"),
+    "sm_clock_start_mhz": ("number", "SM clock before timing"),
+    "sm_clock_end_mhz": ("number", "SM clock after timing"),
+    "job_drift": ("number", "relative change of the job's reference case time from start to end"),
+    "torch_version": ("string", "torch version"),
+    "cuda_version": ("string", "CUDA version torch was built with"),
+    "cudnn_version": ("string", "cuDNN version"),
+    "triton_version": ("string", "Triton version"),
+    "python_version": ("string", "Python version"),
+    "git_sha": ("string", "attnbench commit"),
+    "host": ("string", "host name"),
+    "timestamp": ("string", "UTC time the row was measured"),
+    "kernels": ("string", "kernel (CUDA) or ATen op (CPU) names seen by the profiler, ';'-joined"),
+}
+
+REQUIRED = ("case_id", "backend", "status", "mode", "layout", "dtype")
+
+
+class ResultsError(ValueError):
+    pass
+
+
+def empty_row() -> dict:
+    return {name: (float("nan") if kind == "number" else None) for name, (kind, _) in COLUMNS.items()}
+
+
+def to_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows to a frame with every column, in :data:`COLUMNS` order, extra columns kept after."""
+    df = pd.DataFrame(rows)
+    for name, (kind, _) in COLUMNS.items():
+        if name not in df:
+            df[name] = float("nan") if kind == "number" else None
+    for name, (kind, _) in COLUMNS.items():
+        if kind == "number":
+            df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
+        elif kind == "integer":
+            df[name] = pd.to_numeric(df[name], errors="coerce").astype("Int64")
+        elif kind == "boolean":
+            df[name] = df[name].astype("boolean")
+        else:
+            df[name] = df[name].astype("string")
+    extra = [c for c in df.columns if c not in COLUMNS]
+    return df[list(COLUMNS) + extra]
+
+
+def validate_rows(df: pd.DataFrame, source: str = "results") -> None:
+    """One-line errors for a frame that is not a results table."""
+    missing = [c for c in REQUIRED if c not in df]
+    if missing:
+        raise ResultsError(f"{source}: missing column {missing[0]!r}; required: {', '.join(REQUIRED)}")
+    bad = sorted(set(df["status"].dropna()) - set(STATUSES))
+    if bad:
+        raise ResultsError(f"{source}: status={bad[0]!r} is not allowed; allowed: {', '.join(STATUSES)}")
+    if df["status"].isna().any():
+        raise ResultsError(f"{source}: a row has no status; allowed: {', '.join(STATUSES)}")
+
+
+def write_atomic(df: pd.DataFrame, path: str | Path) -> None:
+    """Write parquet via a temporary file in the same folder and rename: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    df = pd.read_parquet(path)
+    validate_rows(df, str(path))
+    return df

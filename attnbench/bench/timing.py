@@ -1,0 +1,104 @@
+"""Timing records and the three timers: do_bench, CUDA-graph replay, torch.utils.benchmark.
+
+A :class:`Timing` keeps the raw per-call samples in seconds and derives its
+statistics (the habit of ``torch.utils.benchmark.Measurement``: raw samples
+stored, median and quantiles preferred over mean and std).
+
+* CUDA, normal cases: ``triton.testing.do_bench`` with ``return_mode="all"``:
+  CUDA events around each call, the L2 flushed (a 256 MB write) before each.
+* CUDA, short cases (decode, or a first estimate under 50 us): one call captured
+  in a CUDA graph, then per rep: flush L2 (outside the graph), event, replay,
+  event. Launch gaps vanish while the L2 stays cold (FlashInfer #4468 is the
+  trap of flushing inside or not at all).
+* CPU: ``torch.utils.benchmark.Timer.blocked_autorange``.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+GRAPH_THRESHOLD_S = 50e-6
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Timing:
+    method: str
+    times_s: tuple[float, ...] = field(repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.times_s)
+
+    def quantile(self, q: float) -> float:
+        xs = sorted(self.times_s)
+        pos = q * (len(xs) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation (std / mean) of the samples."""
+        if self.n < 2:
+            return float("nan")
+        return statistics.stdev(self.times_s) / statistics.fmean(self.times_s)
+
+
+def _time_do_bench(fn: Callable, warmup_ms: float, rep_ms: float) -> Timing:
+    from triton.testing import do_bench
+
+    times_ms = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+    return Timing("do_bench", tuple(t * 1e-3 for t in times_ms))
+
+
+def _time_cuda_graph(fn: Callable, reps: int) -> Timing:
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up on a side stream, as graph capture requires
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return Timing("cuda_graph", tuple(s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends)))
+
+
+def _time_cpu(fn: Callable, min_run_time_s: float) -> Timing:
+    from torch.utils.benchmark import Timer
+
+    m = Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time_s)
+    return Timing("torch.utils.benchmark", tuple(t for t in m.times))
+
+
+def time_callable(fn: Callable, device: str, *, prefer_graph: bool = False, warmup_ms: float = 25,
+                  rep_ms: float = 100, graph_reps: int = 200, cpu_min_run_time_s: float = 0.2) -> Timing:
+    """Time ``fn`` on ``device`` with the right timer for it (see module docstring)."""
+    if device == "cpu":
+        return _time_cpu(fn, cpu_min_run_time_s)
+    if not prefer_graph:
+        first = _time_do_bench(fn, warmup_ms, rep_ms)
+        if first.median >= GRAPH_THRESHOLD_S:
+            return first
+    try:
+        return _time_cuda_graph(fn, graph_reps)
+    except RuntimeError:  # a kernel that cannot be captured (host sync inside): time it eagerly
+        torch.cuda.synchronize()
+        return _time_do_bench(fn, warmup_ms, rep_ms)

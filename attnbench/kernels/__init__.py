@@ -1,0 +1,11 @@
+"""Backend adapters. Importing this package registers the built-in backends.
+
+Why ``attnbench.kernels`` and not a top-level ``kernels``: an installed top-level
+package of that name would shadow, or be shadowed by, Hugging Face's ``kernels``.
+"""
+from attnbench.kernels import eager, flex, sdpa  # noqa: F401  (register on import)
+from attnbench.kernels.registry import (Backend, BackendError, Tensors, all_backends, backend_names,
+                                        get_backend, register, safe_available)
+
+__all__ = ["Backend", "BackendError", "Tensors", "all_backends", "backend_names", "get_backend", "register",
+           "safe_available"]

@@ -1,0 +1,108 @@
+"""FLOP and byte formulas against values computed by hand."""
+import math
+
+import pytest
+
+from attnbench.bench import conventions as cv
+from attnbench.bench.case import Case
+
+
+def case(**kw):
+    base = dict(mode="fwd", layout="mha", batch=4, heads_q=16, heads_kv=16, head_dim_qk=128, head_dim_v=128,
+                seq_q=4096, seq_kv=4096, causal=False, dtype="bf16")
+    base.update(kw)
+    return Case(**base)
+
+
+def test_forward_flops_dense_by_hand():
+    # 2 * 4 * 16 * 4096 * 4096 * (128 + 128) = 2 * 64 * 2**24 * 256
+    assert cv.flops(case()) == 2 * 4 * 16 * 4096 * 4096 * 256 == 549_755_813_888
+
+
+def test_causal_square_halves_the_work():
+    assert cv.flops(case(causal=True)) == cv.flops(case()) / 2
+
+
+def test_causal_is_bottom_right_aligned():
+    # Sq=1024, Skv=4096: avg_kv = (3072 + 4096) / 2 = 3584
+    c = case(seq_q=1024, causal=True)
+    assert cv.avg_kv(c) == 3584
+    assert cv.flops(c) == 2 * 4 * 16 * 1024 * 3584 * 256
+
+
+def test_backward_is_two_and_a_half_forward():
+    assert cv.flops(case(mode="fwd_bwd")) == 3.5 * cv.flops(case())
+
+
+def test_gqa_saves_bytes_not_flops():
+    gqa = case(layout="gqa", heads_kv=4)
+    assert cv.flops(gqa) == cv.flops(case())
+    assert cv.bytes_min(gqa) < cv.bytes_min(case())
+
+
+def test_bytes_min_forward_by_hand():
+    # Q, K, V, O each 4*16*4096*128*2 bytes = 67,108,864
+    assert cv.bytes_min(case()) == 4 * 67_108_864
+
+
+def test_bytes_min_gqa_by_hand():
+    # Q, O: 67,108,864 each; K, V with 4 kv heads: 16,777,216 each
+    assert cv.bytes_min(case(layout="gqa", heads_kv=4)) == 2 * 67_108_864 + 2 * 16_777_216
+
+
+def test_bytes_min_fwd_bwd_by_hand():
+    t = 67_108_864
+    lse = 4 * 16 * 4096 * 4
+    forward = 4 * t + lse
+    backward = (3 * t + 2 * t + lse) + 3 * t  # read q,k,v,o,dO,lse; write dq,dk,dv
+    assert cv.bytes_min(case(mode="fwd_bwd")) == forward + backward
+
+
+def test_decode_bytes_are_dominated_by_the_kv_cache():
+    d = case(mode="decode", layout="gqa", batch=64, heads_q=32, heads_kv=8, seq_q=1, seq_kv=4096)
+    kv = 2 * 64 * 8 * 4096 * 128 * 2
+    assert cv.kv_cache_bytes(d) == kv
+    assert cv.bytes_min(d) == kv + 2 * 64 * 32 * 1 * 128 * 2
+
+
+def test_mla_caches_one_latent_tensor():
+    d = Case(mode="decode", layout="mla", batch=1, heads_q=16, heads_kv=1, head_dim_qk=576, head_dim_v=512,
+             seq_q=1, seq_kv=1000, causal=False, dtype="bf16")
+    assert cv.kv_cache_bytes(d) == 1000 * 576 * 2  # DeepSeek-V2 Table 1: d_c + d_h^R elements per token
+
+
+def test_fused_model_adds_only_the_lse():
+    c = case()
+    assert cv.bytes_model(c, "fused") == cv.bytes_min(c) + 4 * 16 * 4096 * 4
+
+
+def test_eager_model_counts_score_passes_by_hand():
+    c = case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4)
+    # bf16 forward: S write+read (2B each), P fp32 write+read (4B), P bf16 write+read (2B): 2+2+4+4+2+2 = 16 B/elem
+    assert cv.bytes_model(c, "eager") == cv.bytes_min(c) + 64 * 16
+    # causal adds a read and a write of S in bf16
+    assert cv.bytes_model(case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4,
+                               causal=True), "eager") == cv.bytes_min(c) + 64 * 20
+
+
+def test_math_model_keeps_scores_in_fp32():
+    c = case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4)
+    assert cv.bytes_model(c, "math") == cv.bytes_min(c) + 64 * 4 * 4
+
+
+def test_unknown_family_is_rejected_by_name():
+    with pytest.raises(ValueError, match="allowed: fused, eager, math"):
+        cv.bytes_model(case(), "paged")
+
+
+def test_roofline_labels():
+    peak_flops, peak_bw = 800e12, 4e12  # ridge at 200 FLOP/byte
+    # intensity 1000 at 500 TFLOP/s: compute-bound, 62.5% of the roof
+    label, frac = cv.roofline_bound(1000e9, 1e9, 1e9 / 500e12 * 1000, peak_flops, peak_bw)
+    assert label == "compute" and math.isclose(frac, 500 / 800)
+    # intensity 10 at 2 TB/s: memory-bound, roof 40 TFLOP/s, achieved 20
+    label, frac = cv.roofline_bound(10e9, 1e9, 1e9 / 2e12, peak_flops, peak_bw)
+    assert label == "memory" and math.isclose(frac, 0.5)
+    # far under both ceilings: latency-bound
+    label, _ = cv.roofline_bound(10e6, 1e6, 1e-3, peak_flops, peak_bw)
+    assert label == "latency"

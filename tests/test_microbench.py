@@ -1,0 +1,90 @@
+"""A microbench run end to end: a valid parquet with one row per (case, backend)."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from attnbench.bench.results import STATUSES, read_results
+from attnbench.cli import main
+
+CONFIG = {
+    "sweep": "test",
+    "device": "cpu",
+    "timing": {"cpu_min_run_time_s": 0.02},
+    "microbench": {
+        "cpu": {"backends": ["eager", "sdpa-math", "sdpa-flash", "sdpa-cudnn"],
+                "groups": {"tiny": {"mode": ["fwd", "fwd_bwd", "decode"], "layout": ["mha", "gqa"], "heads_q": 4,
+                                    "gqa_group": 2, "head_dim": 16, "seq": 48, "causal": [False, True],
+                                    "dtype": ["fp32", "bf16"]}}},
+        "cuda": {"backends": ["sdpa-flash"], "groups": {"g": {"seq": 64}}},
+    },
+}
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    return path
+
+
+def test_microbench_writes_one_valid_row_per_case_and_backend(config_file, tmp_path):
+    out = tmp_path / "out" / "rows.parquet"
+    assert main(["microbench", "--config", str(config_file), "--out", str(out)]) == 0
+    df = read_results(out)
+    n_cases = 2 * 2 * 2 * 2 + 2 * 2  # fwd and fwd_bwd: layout x causal x dtype; decode: layout x dtype
+    assert len(df) == n_cases * 4
+    assert df.groupby("backend").size().to_dict() == {b: n_cases for b in CONFIG["microbench"]["cpu"]["backends"]}
+    assert set(df["status"]) <= set(STATUSES)
+    assert (df.loc[df.backend == "sdpa-cudnn", "status"] == "unavailable").all()
+    ok = df[df.status == "ok"]
+    assert (ok.backend == "sdpa-math").sum() == n_cases
+    assert (ok.ms_median > 0).all() and (ok.tflops > 0).all() and ok.kernels.str.len().gt(0).all()
+    assert ok.bound.isin(["memory", "compute", "latency"]).all()
+    assert (ok[ok.backend == "sdpa-math"].err_ratio_vs_math == 1.0).all()
+    bwd = ok[ok["mode"] == "fwd_bwd"]
+    assert bwd[["rel_err_dq", "rel_err_dk", "rel_err_dv"]].notna().all().all()
+    assert df.case_id.nunique() == n_cases
+    assert (df.git_sha.str.len() > 0).all() and (df.torch_version.str.len() > 0).all()
+
+
+def test_unknown_backend_fails_before_work(config_file, tmp_path, capsys):
+    out = tmp_path / "never.parquet"
+    assert main(["microbench", "--config", str(config_file), "--backend", "fa9", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnbench: error: backend='fa9' is not known; allowed:") and "\n" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c.update(typo=1), "config: unknown key 'typo'; allowed: sweep, device"),
+    (lambda c: c.update(device="tpu"), "device='tpu' is not allowed; allowed: auto, cpu, cuda"),
+    (lambda c: c["microbench"]["cpu"]["backends"].append("fa9"), "microbench.cpu.backends: backend='fa9' is not known"),
+    (lambda c: c["microbench"]["cpu"]["groups"]["tiny"].update(layout="mqa", heads_kv=2), "set heads_kv only for layout gqa"),
+])
+def test_bad_config_is_one_line_error(tmp_path, capsys, mutate, message):
+    import copy
+
+    config = copy.deepcopy(CONFIG)
+    mutate(config)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["microbench", "--config", str(path), "--out", str(tmp_path / "x.parquet")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_existing_results_survive_a_failed_run(config_file, tmp_path):
+    out = tmp_path / "rows.parquet"
+    pd.DataFrame({"case_id": ["x"], "backend": ["b"], "status": ["ok"], "mode": ["fwd"], "layout": ["mha"],
+                  "dtype": ["fp32"]}).to_parquet(out)
+    before = out.read_bytes()
+    assert main(["microbench", "--config", str(config_file), "--backend", "nope", "--out", str(out)]) == 2
+    assert out.read_bytes() == before
+
+
+def test_cli_backends_lists_status():
+    out = subprocess.run([sys.executable, "-m", "attnbench.cli", "backends"], capture_output=True, text=True, check=True)
+    assert "sdpa-math" in out.stdout and "available" in out.stdout
