@@ -92,6 +92,11 @@ def _cmd_microbench(args) -> int:
     return 0
 
 
+# Modules that add subcommands: each has ``add_commands(subparsers)``; one line per stage.
+COMMAND_MODULES: tuple[str, ...] = (
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ceilings", help="ceilings JSON from `attnbench ceilings`; default: measure now")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_microbench)
+
+    import importlib
+
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub)
     return parser
 
 

@@ -28,6 +28,14 @@ def load_schema() -> dict:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
+SECTIONS = ("hbm", "pretrain", "context", "report")  # each validated by schemas/<section>.schema.yaml
+
+
+def _section_schema(section: str) -> dict | None:
+    path = files("attnbench") / "schemas" / f"{section}.schema.yaml"
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
 def _with_defaults(instance: dict, schema: dict) -> dict:
     """Fill ``default`` values of the schema's properties (what snakemake.utils.validate does)."""
     out = dict(instance)
@@ -59,6 +67,16 @@ def validate_config(config: dict) -> dict:
     if errors:
         raise ConfigError(_schema_message(errors[0]))
     config = _with_defaults(config, schema)
+    for section in SECTIONS:
+        sub = _section_schema(section)
+        if sub is None:
+            continue
+        value = config.get(section, {})
+        errors = sorted(jsonschema.Draft202012Validator(sub).iter_errors(value), key=lambda e: list(e.absolute_path))
+        if errors:
+            message = _schema_message(errors[0])
+            raise ConfigError(f"{section}.{message}" if not message.startswith("config") else section + message[6:])
+        config[section] = _with_defaults(value, sub)
     known = backend_names()
     for device in config["microbench"]:
         lists = {f"microbench.{device}.backends": config["microbench"][device]["backends"]}

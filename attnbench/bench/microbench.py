@@ -78,6 +78,7 @@ class _Job:
         row.update(self.env)
         row.update(sweep=self.options.sweep, group=self.options.group, case_id=case.case_id,
                    backend=backend.name, timestamp=timestamp(), reason="",
+                   compute_dtype=backend.compute_dtype or case.dtype,
                    flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
                    bytes_model=conventions.bytes_model(case, backend.family))
         try:
@@ -174,7 +175,7 @@ class _Job:
         worst = row["err_ratio_vs_eager"] = result.worst_ratio_vs_eager()
         if not all(math.isfinite(e) for e in errors):
             row.update(status="numerics_fail", reason="non-finite output or gradient (NaN/inf, or an unwritten element)")
-        elif worst > self.options.max_err_ratio:
+        elif backend.compute_dtype is None and worst > self.options.max_err_ratio:
             row.update(status="numerics_fail",
                        reason=f"error {worst:.2f}x eager's in {case.dtype} (allowed: <= {self.options.max_err_ratio}x)")
 

@@ -34,6 +34,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "causal": ("boolean", "bottom-right aligned causal mask"),
     "dtype": ("string", "fp32, fp16, bf16 or fp8"),
     "page_size": ("integer", "KV page size, 0 for contiguous"),
+    "compute_dtype": ("string", "precision the backend computes in (differs from dtype for fp8 backends)"),
     # outcome
     "status": ("string", "one of " + ", ".join(STATUSES)),
     "reason": ("string", "why the status is not ok (empty when ok)"),
