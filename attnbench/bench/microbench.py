@@ -67,10 +67,10 @@ class _Job:
         if self.options.device == "cuda":
             torch.cuda.synchronize()
 
-    def time(self, fn: Callable, case: Case) -> Timing:
+    def time(self, fn: Callable, case: Case, estimate_s: float) -> Timing:
         o = self.options
         return time_callable(fn, o.device, prefer_graph=case.mode == "decode", warmup_ms=o.warmup_ms,
-                             rep_ms=o.rep_ms, cpu_min_run_time_s=o.cpu_min_run_time_s)
+                             rep_ms=o.rep_ms, cpu_min_run_time_s=o.cpu_min_run_time_s, estimate_s=estimate_s)
 
     def base_row(self, case: Case, backend: Backend) -> dict:
         row = empty_row()
@@ -136,12 +136,15 @@ class _Job:
 
         if o.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-            fn()
-            self.sync()
+        start = time.perf_counter()
+        fn()
+        self.sync()
+        second_call_s = time.perf_counter() - start
+        if o.device == "cuda":
             row["peak_mem_bytes"] = float(torch.cuda.max_memory_allocated())
 
         row["sm_clock_start_mhz"] = sm_clock_mhz()
-        timing = self.time(fn, case)
+        timing = self.time(fn, case, second_call_s)
         row["sm_clock_end_mhz"] = sm_clock_mhz()
         seconds = timing.median
         row.update(timer=timing.method, ms_median=seconds * 1e3, ms_p20=timing.quantile(0.2) * 1e3,
@@ -200,13 +203,15 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
         except torch.OutOfMemoryError as err:
             tensors, input_error = None, err
         for backend in job.backends:
+            started = time.perf_counter()
             if tensors is None:
                 row = {**job.base_row(case, backend), "status": "oom", "reason": _one_line(input_error)[:300]}
             else:
                 row = job.measure(case, backend, tensors)
             rows.append(row)
             timing = f"{row['ms_median']:.4f} ms {row['tflops']:.2f} TFLOP/s" if row["status"] in ("ok", "numerics_fail") else row["reason"][:120]
-            log(f"[{i}/{len(cases)}] {backend.name:15s} {case.label()}: {row['status']} {timing}")
+            log(f"[{i}/{len(cases)}] {backend.name:15s} {case.label()}: {row['status']} {timing} "
+                f"({time.perf_counter() - started:.1f} s)")
         del tensors
         job.baselines = None
         if options.device == "cuda":

@@ -52,9 +52,15 @@ class Timing:
         return statistics.stdev(self.times_s) / statistics.fmean(self.times_s)
 
 
-def _time_do_bench(fn: Callable, warmup_ms: float, rep_ms: float) -> Timing:
+MIN_REPS = 10
+
+
+def _time_do_bench(fn: Callable, warmup_ms: float, rep_ms: float, estimate_s: float | None = None) -> Timing:
+    """do_bench sizes its repetitions from ``rep_ms``; slow calls get at least MIN_REPS samples."""
     from triton.testing import do_bench
 
+    if estimate_s:
+        rep_ms = max(rep_ms, MIN_REPS * estimate_s * 1e3)
     times_ms = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
     return Timing("do_bench", tuple(t * 1e-3 for t in times_ms))
 
@@ -89,12 +95,16 @@ def _time_cpu(fn: Callable, min_run_time_s: float) -> Timing:
 
 
 def time_callable(fn: Callable, device: str, *, prefer_graph: bool = False, warmup_ms: float = 25,
-                  rep_ms: float = 100, graph_reps: int = 200, cpu_min_run_time_s: float = 0.2) -> Timing:
-    """Time ``fn`` on ``device`` with the right timer for it (see module docstring)."""
+                  rep_ms: float = 100, graph_reps: int = 200, cpu_min_run_time_s: float = 0.2,
+                  estimate_s: float | None = None) -> Timing:
+    """Time ``fn`` on ``device`` with the right timer for it (see module docstring).
+
+    ``estimate_s`` (e.g. the first call's wall time) lets slow calls get enough samples.
+    """
     if device == "cpu":
         return _time_cpu(fn, cpu_min_run_time_s)
     if not prefer_graph:
-        first = _time_do_bench(fn, warmup_ms, rep_ms)
+        first = _time_do_bench(fn, warmup_ms, rep_ms, estimate_s)
         if first.median >= GRAPH_THRESHOLD_S:
             return first
     try:
