@@ -1,0 +1,157 @@
+"""Offline, pinned training data as byte-level tokens, with a seeded split and order.
+
+Sources (``pretrain.data.source``):
+
+* ``shakespeare``: the corpus shipped in :mod:`attnbench.data` (public domain; SHA-256 pinned);
+* ``file``: any file by path (``pretrain.data.path``), read as bytes;
+* ``synthetic``: an order-k Markov chain over ``vocab`` symbols with ``branching``
+  successors per context and Dirichlet(1) transition probabilities, generated from
+  ``pretrain.data.seed``. Its expected per-token loss under the true model (the
+  conditional entropy, weighted by how often each context occurs in the validation
+  split) is known, so a run can be judged against the floor.
+
+Split: the first ``1 - val_fraction`` of the bytes train, the rest validate
+(contiguous, so no window straddles both). Order: the batch of step ``t`` is drawn
+from a generator seeded with ``(seed, t)``, so it depends on nothing else: a resumed
+run sees the same batches, and two runs with the same seed see the same data.
+Validation windows are fixed, evenly spaced and shared by every run.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnbench.config import ConfigError
+from attnbench.data import CORPORA
+
+SOURCES = ("shakespeare", "file", "synthetic")
+SYMBOL_OFFSET = 64  # synthetic symbol i is byte 64 + i ("@", "A", "B", ...)
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    vocab: int = 16        # symbols (<= 64)
+    order: int = 2         # context length k: the next symbol depends on the previous k (k >= 2 needs attention)
+    branching: int = 3     # successors per context
+    tokens: int = 400_000  # length of the generated sequence
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "shakespeare"
+    path: str | None = None        # source: file
+    val_fraction: float = 0.1
+    seed: int = 1234               # synthetic generator seed (the batch order follows the run's train seed)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ConfigError(f"data.source={self.source!r} is not allowed; allowed: {', '.join(SOURCES)}")
+        if self.source == "file" and not self.path:
+            raise ConfigError("data.path is required with data.source: file")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction={self.val_fraction!r} is not allowed; allowed: 0 < x < 1")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "DataConfig":
+        values = dict(values)
+        if isinstance(values.get("synthetic"), dict):
+            values["synthetic"] = SyntheticConfig(**values["synthetic"])
+        return cls(**values)
+
+
+def markov_tokens(cfg: SyntheticConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(symbols (tokens,), per-position entropy in nats of the true next-symbol distribution)."""
+    if not 2 <= cfg.vocab <= 64 or cfg.order < 1 or not 1 <= cfg.branching <= cfg.vocab:
+        raise ConfigError(f"data.synthetic={cfg} is not allowed; allowed: 2 <= vocab <= 64, order >= 1, "
+                          "1 <= branching <= vocab")
+    rng = np.random.default_rng(seed)
+    contexts = cfg.vocab ** cfg.order
+    successors = np.stack([rng.choice(cfg.vocab, cfg.branching, replace=False) for _ in range(contexts)])
+    probs = rng.dirichlet(np.ones(cfg.branching), size=contexts)  # (contexts, branching)
+    entropy = -(probs * np.log(probs)).sum(axis=1)  # (contexts,) nats
+    cumulative = probs.cumsum(axis=1).tolist()  # python lists: the chain is sequential, scalar numpy is slower
+    succ, ent = successors.tolist(), entropy.tolist()
+    draws = rng.random(cfg.tokens).tolist()
+    out = [int(s) for s in rng.integers(0, cfg.vocab, cfg.order)]
+    per_position = [0.0] * cfg.order
+    state = 0
+    for s in out:
+        state = state * cfg.vocab + s
+    last = cfg.branching - 1
+    for t in range(cfg.order, cfg.tokens):
+        symbol = succ[state][min(bisect.bisect_left(cumulative[state], draws[t]), last)]
+        out.append(symbol)
+        per_position.append(ent[state])
+        state = (state * cfg.vocab + symbol) % contexts
+    return np.asarray(out, dtype=np.int64), np.asarray(per_position)
+
+
+@dataclass
+class TokenData:
+    """Byte tokens split into train and validation, with what identifies them."""
+
+    name: str
+    sha256: str  # of the bytes the tokens came from
+    train: torch.Tensor  # uint8 (n_train,)
+    val: torch.Tensor  # uint8 (n_val,)
+    loss_floor: float = float("nan")  # nats per token on the val split (synthetic only)
+
+    def train_batch(self, step: int, seed: int, batch_size: int, seq_len: int, device: str):
+        """(x, y) int64 (B, S): random windows of the train split, a pure function of (seed, step)."""
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        starts = torch.randint(0, len(self.train) - seq_len - 1, (batch_size,), generator=gen)
+        return self._windows(self.train, starts, seq_len, device)
+
+    def val_batches(self, n_batches: int, batch_size: int, seq_len: int, device: str):
+        """``n_batches`` fixed (x, y) batches at evenly spaced offsets of the val split."""
+        count = n_batches * batch_size
+        last = len(self.val) - seq_len - 1
+        if last < 0:
+            raise ConfigError(f"the validation split ({len(self.val)} tokens) is shorter than train.seq_len={seq_len}; "
+                              "raise data.val_fraction or shorten the sequence")
+        starts = torch.linspace(0, last, count).long()
+        return [self._windows(self.val, starts[i * batch_size:(i + 1) * batch_size], seq_len, device)
+                for i in range(n_batches)]
+
+    @staticmethod
+    def _windows(tokens: torch.Tensor, starts: torch.Tensor, seq_len: int, device: str):
+        idx = starts[:, None] + torch.arange(seq_len + 1)[None, :]  # (B, S + 1)
+        chunk = tokens[idx].long()
+        return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
+
+
+def _split(raw: np.ndarray, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+    cut = int(len(raw) * (1 - val_fraction))
+    tokens = torch.from_numpy(raw.astype(np.uint8))
+    return tokens[:cut], tokens[cut:], cut
+
+
+def load_tokens(cfg: DataConfig) -> TokenData:
+    """Read or generate the bytes, record their SHA-256, split them."""
+    if cfg.source == "synthetic":
+        symbols, entropy = markov_tokens(cfg.synthetic, cfg.seed)
+        raw = (symbols + SYMBOL_OFFSET).astype(np.uint8)
+        train, val, cut = _split(raw, cfg.val_fraction)
+        floor = float(entropy[cut + 1:].mean())  # targets of the val split are positions cut+1 ...
+        s = cfg.synthetic
+        name = f"synthetic-markov(v={s.vocab},k={s.order},b={s.branching},n={s.tokens},seed={cfg.seed})"
+        return TokenData(name, hashlib.sha256(raw.tobytes()).hexdigest(), train, val, floor)
+    if cfg.source == "shakespeare":
+        data, name = CORPORA["shakespeare"].read(), "shakespeare"
+    else:
+        path = Path(cfg.path)
+        if not path.is_file():
+            raise ConfigError(f"data.path={cfg.path!r} is not a file")
+        data, name = path.read_bytes(), f"file:{path.name}"
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if len(raw) < 1024:
+        raise ConfigError(f"data source {name} has {len(raw)} bytes; at least 1024 are needed")
+    train, val, _ = _split(raw, cfg.val_fraction)
+    return TokenData(name, hashlib.sha256(data).hexdigest(), train, val, math.nan)

@@ -1,0 +1,428 @@
+"""One pretraining run: per-step log, checkpoints that resume exactly, and a run summary.
+
+A run directory holds ``run.json`` (the resolved config and its hash), ``ckpt.pt``
+(model, optimiser, loss scaler, step and the log so far; written atomically every
+``ckpt_every`` steps), ``snapshots/<step>.pt`` (fp32 weights at the requested steps,
+for weight divergence), then ``steps.parquet`` and ``summary.json`` when it ends. A
+run whose summary exists with the same config hash is not run again; a killed run
+resumes from its last checkpoint. The data order is a pure function of (seed, step)
+and the model has no dropout, so a resumed run repeats the uninterrupted trajectory.
+
+Per step (``steps.parquet``): loss (cross-entropy), z-loss term, grad norm (before
+clipping), update RMS (root mean square of the parameter change the optimiser made),
+LR, output log Z (mean and max over tokens of logsumexp of the logits), max
+attention logit per layer (a probe every ``probe_every`` steps), tokens/s, step
+time, memory, non-finite and skipped flags, the fp16 loss scale, FP8 scale
+statistics (every ``fp8_stats_every`` steps) and validation loss (every
+``eval_every`` steps).
+
+Loss: cross-entropy plus ``z_loss * mean(log Z ** 2)`` (PaLM, Chowdhery et al. 2022
+§5; Wortsman et al. 2023 use 1e-4). A step whose loss or gradient is not finite
+makes no update and is counted; ``max_nonfinite`` in a row ends the run as
+``diverged``, so a sweep goes on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnbench.bench.provenance import environment, timestamp
+from attnbench.config import ConfigError
+from attnbench.models.gpt import GPT, GPTConfig
+from attnbench.train import stability
+from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend
+from attnbench.train.data import DataConfig, TokenData, load_tokens
+from attnbench.train.precision import (PRECISIONS, Fp8StatsRecorder, PrecisionUnavailable, apply_precision,
+                                       get_precision)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100
+    batch_size: int = 8
+    seq_len: int = 64
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1       # cosine decay ends at lr * min_lr_ratio
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0          # 0: no clipping (the norm is still logged)
+    z_loss: float = 0.0
+    precision: str = "fp32"
+    seed: int = 0                   # model init and batch order
+    eval_every: int = 50
+    eval_batches: int = 4
+    probe_every: int = 1            # max attention logit probe; 0: off
+    fp8_stats: tuple[str, ...] = ()  # recipes whose scale statistics are logged (attnbench.train.precision)
+    fp8_stats_every: int = 10
+    ckpt_every: int = 50
+    snapshot_steps: tuple[int, ...] = ()  # updates after which fp32 weights are saved (0 = at init)
+    compile: bool = False
+    max_nonfinite: int = 20         # consecutive non-finite steps that end the run as diverged
+    backend_candidates: tuple[str, ...] = ("sdpa-math", "sdpa-flash", "eager")  # for model.backend: auto
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision={self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
+        for key in ("steps", "batch_size", "seq_len", "eval_batches", "max_nonfinite"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"train.{key}={getattr(self, key)!r} is not allowed; allowed: a positive integer")
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr={self.lr!r} is not allowed; allowed: a positive number")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ConfigError(f"train: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run trains: a name, the three configs, and tags that label it in tables."""
+
+    name: str
+    model: GPTConfig
+    train: TrainConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    tags: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "model": self.model.to_dict(), "train": dataclasses.asdict(self.train),
+                "data": dataclasses.asdict(self.data), "tags": self.tags}
+
+    @property
+    def config_hash(self) -> str:
+        payload = {k: v for k, v in self.to_dict().items() if k not in ("name", "tags")}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine decay to ``lr * min_lr_ratio`` at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy, log Z per token): both from fp32 logits."""
+    logits = logits.float()
+    log_z = torch.logsumexp(logits, dim=-1)  # (B, S)
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return ce, log_z
+
+
+class Progress:
+    """A one-line progress bar on stderr for runs of ``min_steps`` or more (a line per 10% when not a TTY)."""
+
+    def __init__(self, name: str, total: int, start: int, enabled: bool, min_steps: int = 200):
+        self.name, self.total, self.enabled = name, total, enabled and total >= min_steps
+        self.tty = sys.stderr.isatty()
+        self.last_decile = start * 10 // max(total, 1)
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if not self.enabled:
+            return
+        done = step + 1
+        filled = 30 * done // self.total
+        text = (f"{self.name} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} "
+                f"loss {loss:.3f} {tokens_per_s / 1e3:.1f}k tok/s")
+        decile = done * 10 // self.total
+        if self.tty:
+            print("\r" + text, end="\n" if done == self.total else "", file=sys.stderr, flush=True)
+        elif decile > self.last_decile:
+            print(text, file=sys.stderr, flush=True)
+        self.last_decile = decile
+
+
+def _memory_bytes(device: str) -> float:
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        return float(peak)
+    try:  # resident set size of this process (Linux)
+        with open("/proc/self/statm") as fh:
+            return float(int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        return math.nan
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _write_json(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str, allow_nan=True))
+    os.replace(tmp, path)
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def evaluate(model, batches, precision, device) -> float:
+    model.eval()
+    losses = []
+    for x, y in batches:
+        with precision.autocast(device):
+            losses.append(lm_loss(model(x), y)[0].item())
+    model.train()
+    return float(np.mean(losses))
+
+
+def _resolve_backend(spec: RunSpec, device: str, dtype: torch.dtype) -> tuple[GPTConfig, dict]:
+    """model.backend ``auto`` -> the fastest of ``train.backend_candidates`` at this run's attention shape."""
+    if spec.model.backend != "auto":
+        return spec.model, {}
+    with torch.device("meta"):
+        probe = GPT(dataclasses.replace(spec.model, backend="sdpa-math"))
+    case = probe.blocks[0].attn.case(spec.train.batch_size, spec.train.seq_len, _dtype_name(dtype))
+    name, times = fastest_backend(case, device, dtype, list(spec.train.backend_candidates))
+    return dataclasses.replace(spec.model, backend=name), {f"auto_ms_{k}": v * 1e3 for k, v in times.items()}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+class Run:
+    """State of one run while it trains (built by :func:`train`)."""
+
+    def __init__(self, spec: RunSpec, out: Path, device: str):
+        self.spec, self.out, self.device = spec, out, device
+        self.cfg = spec.train
+        self.precision = get_precision(self.cfg.precision)
+        self.compute_dtype = self.precision.autocast_dtype or torch.float32
+
+    def build(self) -> None:
+        torch.manual_seed(self.cfg.seed)
+        self.model_cfg, self.auto_times = _resolve_backend(self.spec, self.device, self.compute_dtype)
+        torch.manual_seed(self.cfg.seed)
+        self.model = GPT(self.model_cfg).to(self.device)
+        self.params = self.model.num_params()
+        self.flops_per_token = self.model.flops_per_token(self.cfg.seq_len)
+        self.kv_elements = self.model.kv_cache_elements_per_token()
+        case = self.model.blocks[0].attn.case(self.cfg.batch_size, self.cfg.seq_len, _dtype_name(self.compute_dtype))
+        check_backend(self.model_cfg.backend, case, self.device, self.compute_dtype)
+        self.emulated, self.precision_note = apply_precision(self.model, self.precision, self.device)
+        self.opt = torch.optim.AdamW(_param_groups(self.model, self.cfg.weight_decay), lr=self.cfg.lr,
+                                     betas=(self.cfg.beta1, self.cfg.beta2))
+        self.scaler = torch.amp.GradScaler(self.device) if self.precision.loss_scaling else None
+        self.forward = torch.compile(self.model) if self.cfg.compile else self.model
+        self.recorder = Fp8StatsRecorder(self.model, self.cfg.fp8_stats) if self.cfg.fp8_stats else None
+
+    def state(self, step: int, rows: list, counters: dict) -> dict:
+        return {"step": step, "config_hash": self.spec.config_hash, "model": self.model.state_dict(),
+                "opt": self.opt.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
+                "rows": rows, "counters": counters}
+
+    def load(self, ckpt: dict) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["opt"])
+        if self.scaler and ckpt["scaler"]:
+            self.scaler.load_state_dict(ckpt["scaler"])
+
+    def snapshot(self, updates: int) -> None:
+        if updates in self.cfg.snapshot_steps:
+            (self.out / "snapshots").mkdir(exist_ok=True)
+            weights = {k: v.detach().float().cpu() for k, v in self.model.state_dict().items()}
+            _atomic_save(weights, self.out / "snapshots" / f"{updates}.pt")
+
+    def step(self, step: int, data: TokenData) -> dict:
+        cfg, device, model = self.cfg, self.device, self.model
+        lr = lr_at(step, cfg)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        x, y = data.train_batch(step, cfg.seed, cfg.batch_size, cfg.seq_len, device)
+        row = {"step": step, "lr": lr}
+        if cfg.probe_every and step % cfg.probe_every == 0:
+            with self.precision.autocast(device):
+                for i, value in enumerate(model.max_attention_logits(x)):
+                    row[f"max_logit_l{i}"] = value
+        if self.recorder and cfg.fp8_stats_every and step % cfg.fp8_stats_every == 0:
+            with self.recorder.recording(), self.precision.autocast(device):
+                lm_loss(model(x), y)[0].backward()
+            self.opt.zero_grad(set_to_none=True)
+            row.update(self.recorder.row())
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with self.precision.autocast(device):
+            logits = self.forward(x)
+        ce, log_z = lm_loss(logits, y)
+        z_term = log_z.square().mean()
+        loss = ce + cfg.z_loss * z_term if cfg.z_loss else ce
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        if self.scaler:
+            self.scaler.unscale_(self.opt)
+        params = [p for p in model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        before = [p.detach().clone() for p in params]
+        finite = torch.isfinite(ce) & torch.isfinite(grad_norm)
+        if self.scaler:  # the scaler skips the update itself when it found inf/NaN gradients
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        elif bool(finite):
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        update_sq = torch.stack([torch.sum((p.detach() - b) ** 2) for p, b in zip(params, before)]).sum()
+        values = torch.stack([ce.detach(), z_term.detach(), log_z.detach().mean(), log_z.detach().max(),
+                              grad_norm.detach().float(), update_sq.float()]).tolist()  # one device sync
+        elapsed = time.perf_counter() - start
+        n_params = sum(p.numel() for p in params)
+        row.update({"loss": values[0], "z_loss_term": values[1], "logz_mean": values[2], "logz_max": values[3],
+                    "grad_norm": values[4], "update_rms": math.sqrt(values[5] / n_params),
+                    "step_s": elapsed, "tokens_per_s": cfg.batch_size * cfg.seq_len / elapsed,
+                    "memory_bytes": _memory_bytes(device),
+                    "nonfinite": not (math.isfinite(values[0]) and (self.scaler is not None or math.isfinite(values[4]))),
+                    "skipped": values[5] == 0.0, "loss_scale": scale if self.scaler else math.nan})
+        return row
+
+
+def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops: float | None = None,
+          progress: bool = True, stop_after: int | None = None) -> dict:
+    """Train ``spec`` into ``out_dir`` (resuming if a checkpoint is there); return the summary.
+
+    ``stop_after`` ends the process's work after that many steps without a summary,
+    as a kill would (tests use it to check that resuming repeats the trajectory).
+    ``peak_flops`` is the measured matmul ceiling for this precision (MFU is NaN without it).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary_path = out / "summary.json"
+    if summary_path.is_file():
+        done = json.loads(summary_path.read_text())
+        if done.get("config_hash") == spec.config_hash:
+            return done
+    _write_json({**spec.to_dict(), "config_hash": spec.config_hash}, out / "run.json")
+    started = time.perf_counter()
+    run = Run(spec, out, device)
+    data = load_tokens(spec.data)
+    base = {"run": spec.name, **spec.tags, "config_hash": spec.config_hash, "corpus": data.name,
+            "corpus_sha256": data.sha256, "precision": spec.train.precision, "seed": spec.train.seed,
+            "lr": spec.train.lr, "layout": spec.model.layout, "qk_norm": spec.model.qk_norm,
+            "z_loss": spec.train.z_loss, "compile": spec.train.compile, "steps": spec.train.steps}
+    try:
+        run.build()
+    except (PrecisionUnavailable, BackendUnsupported) as err:
+        status = "unavailable" if isinstance(err, PrecisionUnavailable) else "unsupported"
+        summary = {**base, "backend": spec.model.backend, "status": status, "reason": str(err),
+                   **_provenance(device)}
+        _write_json(summary, summary_path)
+        return summary
+    val = data.val_batches(spec.train.eval_batches, spec.train.batch_size, spec.train.seq_len, device)
+    ckpt_path = out / "ckpt.pt"
+    rows, counters, start = [], {"initial_val_loss": math.nan, "consecutive_nonfinite": 0}, 0
+    if ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        if ckpt.get("config_hash") == spec.config_hash:
+            run.load(ckpt)
+            rows, counters, start = ckpt["rows"], ckpt["counters"], ckpt["step"]
+    if start == 0:
+        counters["initial_val_loss"] = evaluate(run.model, val, run.precision, device)
+        run.snapshot(0)
+    bar = Progress(spec.name, spec.train.steps, start, progress)
+    status, reason = "ok", ""
+    for step in range(start, spec.train.steps):
+        if stop_after is not None and step - start >= stop_after:
+            return {}
+        row = run.step(step, data)
+        counters["consecutive_nonfinite"] = counters["consecutive_nonfinite"] + 1 if row["nonfinite"] else 0
+        updates = step + 1
+        if updates % spec.train.eval_every == 0 or updates == spec.train.steps:
+            row["val_loss"] = evaluate(run.model, val, run.precision, device)
+        rows.append(row)
+        run.snapshot(updates)
+        bar.update(step, row["loss"], row["tokens_per_s"])
+        if counters["consecutive_nonfinite"] >= spec.train.max_nonfinite:
+            status, reason = "diverged", f"{spec.train.max_nonfinite} consecutive non-finite steps at step {step}"
+            break
+        if spec.train.ckpt_every and updates % spec.train.ckpt_every == 0 and updates < spec.train.steps:
+            _atomic_save(run.state(updates, rows, counters), ckpt_path)
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "run", spec.name)
+    tmp = out / "steps.parquet.tmp"
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, out / "steps.parquet")
+    summary = {**base, "backend": run.model_cfg.backend, "status": status, "reason": reason or run.precision_note,
+               "emulated": run.emulated, "params": run.params, "flops_per_token": run.flops_per_token,
+               "kv_cache_elements_per_token": run.kv_elements, "kv_bytes_per_token_bf16": 2 * run.kv_elements,
+               "initial_val_loss": counters["initial_val_loss"], "loss_floor": data.loss_floor,
+               **summarize(frame, run.flops_per_token, peak_flops, run.emulated), **run.auto_times,
+               "wall_s": time.perf_counter() - started, **_provenance(device)}
+    _write_json(summary, summary_path)
+    _atomic_save({k: v.detach().cpu() for k, v in run.model.state_dict().items()}, out / "final.pt")
+    if ckpt_path.is_file():
+        ckpt_path.unlink()
+    if run.recorder:
+        run.recorder.remove()
+    return summary
+
+
+def _provenance(device: str) -> dict:
+    env = environment(device)
+    return {k: env[k] for k in ("device", "device_name", "torch_version", "cuda_version", "git_sha", "host")} | {
+        "timestamp": timestamp()}
+
+
+def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | None, emulated: bool) -> dict:
+    """Per-run statistics from the step log (OLMo 2 spike score with the window stated; see ``stability``).
+
+    MFU = tokens/s x training FLOPs per token / the measured matmul ceiling of the
+    run's compute dtype (PaLM Appendix B). Emulated precisions claim no speed: their
+    tokens/s and MFU are NaN.
+    """
+    n = len(frame)
+    window = stability.short_run_window(n)
+    zwin = min(stability.ZSCORE_WINDOW, window)
+    loss, grad = frame["loss"].to_numpy(float), frame["grad_norm"].to_numpy(float)
+    spikes_loss, spikes_grad = stability.spike_score(loss, window), stability.spike_score(grad, window)
+    val = frame["val_loss"].dropna() if "val_loss" in frame else pd.Series(dtype=float)
+    warm = frame.iloc[max(1, n // 10):] if n > 1 else frame  # leave out warm-up and compilation
+    tokens_per_s = float(warm["tokens_per_s"].median()) if n else math.nan
+    logit_cols = [c for c in frame.columns if c.startswith("max_logit_l")]
+    out = {
+        "steps_done": n,
+        "final_loss": float(np.nanmean(loss[-max(1, n // 10):])) if n else math.nan,
+        "final_val_loss": float(val.iloc[-1]) if len(val) else math.nan,
+        "best_val_loss": float(val.min()) if len(val) else math.nan,
+        "spike_window": window, "spike_sigma": stability.SPIKE_SIGMA,
+        "spike_score_loss": spikes_loss.score, "spike_score_grad": spikes_grad.score,
+        "spikes_loss": spikes_loss.spikes, "spikes_grad": spikes_grad.spikes,
+        "zscore_window": zwin, "zscore_threshold": stability.ZSCORE_THRESHOLD,
+        "zscore_exceed_loss": stability.zscore_exceedances(loss, zwin),
+        "zscore_exceed_grad": stability.zscore_exceedances(grad, zwin),
+        "nonfinite_steps": int(frame["nonfinite"].sum()) if n else 0,
+        "skipped_steps": int(frame["skipped"].sum()) if n else 0,
+        "max_attention_logit": float(frame[logit_cols].max().max()) if logit_cols else math.nan,
+        "final_logz_mean": float(frame["logz_mean"].iloc[-1]) if n else math.nan,
+        "peak_memory_bytes": float(frame["memory_bytes"].max()) if n else math.nan,
+        "tokens_per_s": math.nan if emulated else tokens_per_s,
+        "peak_flops": peak_flops if peak_flops else math.nan,
+    }
+    out["mfu"] = out["tokens_per_s"] * flops_per_token / peak_flops if peak_flops else math.nan
+    return out
