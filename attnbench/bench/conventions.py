@@ -22,7 +22,10 @@ Bytes (each tensor at its element size; K and V are sized by K/V heads):
 * ``bytes_model``: what the backend's algorithm moves by family. ``fused``
   kernels (FlashAttention-style tiling, Dao et al. 2022) move ``bytes_min``
   (plus the LSE they always write). ``eager`` and ``math`` materialise the
-  Sq x Skv score matrix: see :func:`score_bytes`.
+  Sq x Skv score matrix: see :func:`score_bytes`. A paged KV cache adds its
+  page table (:func:`page_table_bytes`) in every family.
+* ``bytes_min_read_write``: ``bytes_min`` split into bytes read and bytes
+  written, to set against Nsight Compute's separate DRAM read and write counts.
 """
 from __future__ import annotations
 
@@ -83,6 +86,38 @@ def bytes_min(case: Case) -> float:
     return forward + t["lse"] + backward
 
 
+def bytes_min_read_write(case: Case) -> tuple[float, float]:
+    """(read, written) parts of :func:`bytes_min`; they sum to it.
+
+    fwd/decode: Q, K, V read, O written. fwd_bwd adds the forward's LSE write,
+    the backward's reads of Q, K, V, O, dO, LSE and its writes of dQ, dK, dV.
+    """
+    t = _tensor_bytes(case)
+    kv = kv_cache_bytes(case)
+    read, written = t["q"] + kv, t["o"]
+    if case.has_backward:
+        read += t["q"] + kv + 2 * t["o"] + t["lse"]
+        written += t["lse"] + t["q"] + kv
+    return read, written
+
+
+PAGE_INDEX_BYTES = 4  # int32 page indices and offsets
+
+
+def page_table_bytes(case: Case) -> float:
+    """Page-table bytes a paged decode step reads; 0 for a contiguous cache.
+
+    FlashInfer's paged KV layout (``kv_indptr`` of B+1 offsets, ``kv_indices``
+    with one entry per page, ``kv_last_page_len`` of B entries, all int32;
+    FlashInfer docs, "KV-Cache Layout in FlashInfer"): pages per sequence =
+    ceil(Skv / page_size).
+    """
+    if not case.page_size:
+        return 0.0
+    pages = -(-case.seq_kv // case.page_size)
+    return float(PAGE_INDEX_BYTES * ((case.batch + 1) + case.batch * pages + case.batch))
+
+
 def score_passes(case: Case, family: str) -> list[str]:
     """The passes over the Sq x Skv score matrix an unfused backend makes, as element dtypes.
 
@@ -121,9 +156,9 @@ def bytes_model(case: Case, family: str) -> float:
     by a factor of Skv/D.
     """
     if family == "fused":
-        return bytes_min(case) + (0 if case.has_backward else _tensor_bytes(case)["lse"])
+        return bytes_min(case) + (0 if case.has_backward else _tensor_bytes(case)["lse"]) + page_table_bytes(case)
     if family in ("eager", "math"):
-        return bytes_min(case) + score_bytes(case, family)
+        return bytes_min(case) + score_bytes(case, family) + page_table_bytes(case)
     raise ValueError(f"family={family!r} is not allowed; allowed: fused, eager, math")
 
 
