@@ -23,7 +23,7 @@ from attnbench.bench.inputs import make_tensors
 from attnbench.bench.numerics import Baselines, baselines, check_numerics
 from attnbench.bench.provenance import environment, kernel_names, sm_clock_mhz, timestamp
 from attnbench.bench.results import empty_row
-from attnbench.bench.timing import Timing, time_callable
+from attnbench.bench.timing import DRIFT_LIMIT, Timing, time_callable
 from attnbench.kernels.registry import Backend, get_backend, safe_available
 
 
@@ -60,7 +60,7 @@ class _Job:
         self.availability = {b.name: safe_available(b) for b in self.backends}
         self.env = environment(options.device)
         self.profiled: dict[tuple, list[str]] = {}
-        self.reference: tuple[Callable, Timing] | None = None
+        self.reference: tuple[Callable, Case, float, Timing] | None = None
         self.baselines: tuple[Case, Baselines] | None = None  # the current case's, shared by its backends
 
     def sync(self):
@@ -118,8 +118,8 @@ class _Job:
 
     def _measure(self, case: Case, backend: Backend, tensors, row: dict) -> None:
         o = self.options
+        start = time.perf_counter()  # setup_s: build (layout conversion, planning, JIT) and the first call
         fn = backend.build(case, tensors)
-        start = time.perf_counter()
         fn()
         self.sync()
         row["setup_s"] = time.perf_counter() - start
@@ -155,15 +155,17 @@ class _Job:
             row["bound"], row["frac_of_peak"] = conventions.roofline_bound(
                 row["flops"], row["bytes_model"], seconds, row["peak_flops"], row["peak_bytes_per_s"])
         if self.reference is None:
-            self.reference = (fn, timing)
+            self.reference = (fn, case, second_call_s, timing)
         del fn
 
         if o.numerics:
             self._numerics(case, backend, row)
 
     def _numerics(self, case: Case, backend: Backend, row: dict) -> None:
+        paged = {"page_size": case.page_size} if case.page_size else {}  # backends that run paged cases take it
+
         def attend(q, k, v):
-            return backend.attention(q, k, v, causal=case.causal, scale=case.scale)
+            return backend.attention(q, k, v, causal=case.causal, scale=case.scale, **paged)
 
         seed = _case_seed(case, self.options.seed + 1)
         if self.baselines is None or self.baselines[0] != case:
@@ -183,13 +185,11 @@ class _Job:
                        reason=f"error {worst:.2f}x eager's in {case.dtype} (allowed: <= {self.options.max_err_ratio}x)")
 
     def drift(self) -> float:
-        """Re-time the job's first measured call; its relative change flags clock or thermal drift."""
+        """Re-time the job's first measured call with the same timer; its relative change flags clock or thermal drift."""
         if self.reference is None:
             return float("nan")
-        fn, first = self.reference
-        again = time_callable(fn, self.options.device, warmup_ms=self.options.warmup_ms, rep_ms=self.options.rep_ms,
-                              cpu_min_run_time_s=self.options.cpu_min_run_time_s)
-        return again.median / first.median - 1
+        fn, case, estimate_s, first = self.reference
+        return self.time(fn, case, estimate_s).median / first.median - 1
 
 
 def run_group(cases: list[Case], backends: list[str], options: RunOptions,
@@ -219,4 +219,5 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
     drift = job.drift()
     for row in rows:
         row["job_drift"] = drift
+        row["drift_flag"] = bool(abs(drift) > DRIFT_LIMIT)  # NaN (nothing measured) compares False
     return rows

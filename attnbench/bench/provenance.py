@@ -31,23 +31,51 @@ def git_sha() -> str:
     return f"{sha}{'-dirty' if sha and dirty else ''}" or "unknown"
 
 
+def gpu_selector(uuid: str, visible: str | None, index: int) -> str:
+    """How NVML and ``nvidia-smi -i`` name the GPU torch calls ``index``.
+
+    The UUID when torch knows it: CUDA enumerates fastest-first and after
+    ``CUDA_VISIBLE_DEVICES``, NVML in PCI order, so indices need not agree. Else the
+    ``CUDA_VISIBLE_DEVICES`` entry for ``index`` (an index or a UUID), else ``index``.
+    """
+    if uuid:
+        return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    if visible:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if index < len(entries):
+            return entries[index]
+    return str(index)
+
+
+def _current_gpu() -> str:
+    index = torch.cuda.current_device()
+    try:
+        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    except RuntimeError:
+        uuid = ""
+    return gpu_selector(uuid, os.environ.get("CUDA_VISIBLE_DEVICES"), index)
+
+
 def sm_clock_mhz() -> float:
-    """Current SM clock of the visible GPU via NVML (or nvidia-smi); NaN where neither answers."""
+    """Current SM clock of the GPU torch uses, via NVML (or nvidia-smi); NaN where neither answers."""
     if not torch.cuda.is_available():
         return float("nan")
+    gpu = _current_gpu()
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        index = torch.cuda.current_device()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible:
-            index = int(visible.split(",")[index])
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if gpu.startswith(("GPU-", "MIG-")):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(gpu)
+            except TypeError:  # older nvidia-ml-py takes bytes
+                handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.encode())
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
         return float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
     except Exception:
         if shutil.which("nvidia-smi"):
-            out = _run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", "0"])
+            out = _run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", gpu])
             try:
                 return float(out.splitlines()[0])
             except (ValueError, IndexError):
@@ -78,7 +106,8 @@ def environment(device: str) -> dict:
         pass
     if device == "cuda":
         info["device_name"] = torch.cuda.get_device_name()
-        info["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]).split("\n")[0]
+        info["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i",
+                               _current_gpu()]).split("\n")[0]
     else:
         info["device_name"] = f"CPU {platform.machine()} x{torch.get_num_threads()} threads"
     return info

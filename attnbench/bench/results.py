@@ -45,7 +45,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "ms_p80": ("number", "80th percentile, ms"),
     "cv": ("number", "coefficient of variation of the samples"),
     "n_reps": ("integer", "timed samples"),
-    "setup_s": ("number", "first call (JIT/compile, autotune) wall time, s"),
+    "setup_s": ("number", "build() plus first call (layout conversion, planning, JIT/compile, autotune) wall time, s"),
     # derived
     "flops": ("number", "FLOPs of one call (conventions.flops)"),
     "tflops": ("number", "flops / median time / 1e12"),
@@ -78,6 +78,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "sm_clock_start_mhz": ("number", "SM clock before timing"),
     "sm_clock_end_mhz": ("number", "SM clock after timing"),
     "job_drift": ("number", "relative change of the job's reference case time from start to end"),
+    "drift_flag": ("boolean", "|job_drift| over timing.DRIFT_LIMIT (3%): the job's clocks moved; compare its rows with care"),
     "torch_version": ("string", "torch version"),
     "cuda_version": ("string", "CUDA version torch was built with"),
     "cudnn_version": ("string", "cuDNN version"),

@@ -9,19 +9,39 @@ stored, median and quantiles preferred over mean and std).
 * CUDA, short cases (decode, or a first estimate under 50 us): one call captured
   in a CUDA graph, then per rep: flush L2 (outside the graph), event, replay,
   event. Launch gaps vanish while the L2 stays cold (FlashInfer #4468 is the
-  trap of flushing inside or not at all).
+  trap of flushing inside or not at all). A few untimed replays come first: the
+  first replay uploads the graph and would be an outlier.
+* CUDA, host-bound callables: events time the GPU, but when the host takes
+  longer to enqueue a call than the GPU takes to run it (Python-heavy launchers:
+  CuTe DSL, FlashInfer's wrappers), the GPU drains its queue and samples
+  include host time. A call whose host enqueue time reaches half its device
+  median is re-timed by graph replay too.
 * CPU: ``torch.utils.benchmark.Timer.blocked_autorange``.
+
+Clocks: a GPU at its power limit lowers its SM clock within tens of ms of
+sustained load (the H200 anchor run saw 1980 -> 1650 MHz under cuDNN), so a
+short warm-up mixes boost-clock and throttled samples (a large CV, medians that
+move between runs). ``warmup_ms`` long enough to reach the throttled steady
+state (hundreds of ms) is the remedy short of locking clocks.
+
+Drift: a job re-times its first measured case at the end; a relative change
+beyond :data:`DRIFT_LIMIT` (3%, the tolerance asked of two independent runs'
+medians) flags the job's rows (``drift_flag``).
 """
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 GRAPH_THRESHOLD_S = 50e-6
+HOST_BOUND_FRACTION = 0.5  # host enqueue time / device time from which events may time the host
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+GRAPH_WARMUP_REPLAYS = 5
+DRIFT_LIMIT = 0.03
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,9 @@ def _time_cuda_graph(fn: Callable, reps: int) -> Timing:
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for _ in range(GRAPH_WARMUP_REPLAYS):
+        flush.zero_()
+        graph.replay()
     for i in range(reps):
         flush.zero_()
         starts[i].record()
@@ -94,6 +117,23 @@ def _time_cpu(fn: Callable, min_run_time_s: float) -> Timing:
     return Timing("torch.utils.benchmark", tuple(t for t in m.times))
 
 
+def host_enqueue_s(fn: Callable, calls: int = 10) -> float:
+    """Median host time to enqueue one call of an asynchronous ``fn`` (its device work is not waited for)."""
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def wants_graph(device_median_s: float, host_s: float) -> bool:
+    """Graph replay is the faithful timer for short calls and for calls whose host launch cost rivals the kernel."""
+    return device_median_s < GRAPH_THRESHOLD_S or host_s >= HOST_BOUND_FRACTION * device_median_s
+
+
 def time_callable(fn: Callable, device: str, *, prefer_graph: bool = False, warmup_ms: float = 25,
                   rep_ms: float = 100, graph_reps: int = 200, cpu_min_run_time_s: float = 0.2,
                   estimate_s: float | None = None) -> Timing:
@@ -105,7 +145,7 @@ def time_callable(fn: Callable, device: str, *, prefer_graph: bool = False, warm
         return _time_cpu(fn, cpu_min_run_time_s)
     if not prefer_graph:
         first = _time_do_bench(fn, warmup_ms, rep_ms, estimate_s)
-        if first.median >= GRAPH_THRESHOLD_S:
+        if not wants_graph(first.median, host_enqueue_s(fn)):
             return first
     try:
         return _time_cuda_graph(fn, graph_reps)

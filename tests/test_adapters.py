@@ -1,0 +1,297 @@
+"""flash-attention and FlashInfer adapters without the libraries: availability, supports(), layout
+helpers, FP8 quantisation, and the adapters' wiring against stand-ins that implement each
+library's API (argument names as in flash-attn-4 4.0.0b36 and flashinfer-python 0.7.4) in plain torch."""
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+import pytest
+import torch
+
+from attnbench.bench.case import Case
+from attnbench.bench.inputs import make_tensors
+from attnbench.bench.microbench import RunOptions, run_group
+from attnbench.kernels import flash_attn, flashinfer, get_backend, safe_available
+from attnbench.kernels.eager import eager_attention
+from attnbench.kernels.flashinfer import PageTable, from_paged, from_ragged, indptr, to_paged, to_ragged
+
+ADAPTERS = ["fa2", "fa3", "fa3-fp8", "fa4", "flashinfer", "flashinfer-fp8kv"]
+MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface", "fa3-fp8": "flash_attn_interface",
+           "fa4": "flash_attn.cute", "flashinfer": "flashinfer", "flashinfer-fp8kv": "flashinfer"}
+
+
+def case(**kw):
+    base = dict(mode="fwd", layout="gqa", batch=2, heads_q=4, heads_kv=2, head_dim_qk=64, head_dim_v=64,
+                seq_q=40, seq_kv=40, causal=True, dtype="bf16")
+    base.update(kw)
+    return Case(**base)
+
+
+def _missing(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_missing_library_is_unavailable_with_the_pip_command(name):
+    if not _missing(MODULES[name]):
+        pytest.skip(f"{MODULES[name]} is installed here")
+    backend = get_backend(name)
+    ok, reason = safe_available(backend)
+    assert not ok
+    assert reason.endswith("install: " + backend.install_hint) and backend.install_hint.startswith("pip install")
+
+
+def test_microbench_rows_for_missing_adapters_say_how_to_install():
+    if not all(_missing(MODULES[n]) for n in ADAPTERS):
+        pytest.skip("an adapter's library is installed here")
+    rows = run_group([case(dtype="fp32", seq_q=8, seq_kv=8)], ADAPTERS, RunOptions(cpu_min_run_time_s=0.01),
+                     log=lambda s: None)
+    assert [r["backend"] for r in rows] == ADAPTERS
+    assert all(r["status"] == "unavailable" and "pip install" in r["reason"] for r in rows)
+    assert {r["compute_dtype"] for r in rows if r["backend"] in ("fa3-fp8", "flashinfer-fp8kv")} == {"fp8"}
+
+
+@pytest.mark.parametrize("name, kw, allowed", [
+    ("fa4", {}, True),
+    ("fa4", dict(mode="fwd_bwd", layout="mqa", heads_kv=1), True),
+    ("fa4", dict(dtype="fp32"), False),
+    ("fa4", dict(mode="decode", seq_q=1, causal=False, page_size=16), False),
+    ("fa4", dict(layout="mla", heads_kv=1, head_dim_qk=576, head_dim_v=512), False),
+    ("fa2", dict(head_dim_qk=32, head_dim_v=32), True),
+    ("fa3-fp8", {}, True),
+    ("fa3-fp8", dict(mode="fwd_bwd"), False),
+    ("fa3-fp8", dict(dtype="fp16"), False),
+    ("flashinfer", {}, True),
+    ("flashinfer", dict(mode="decode", seq_q=1, causal=False, page_size=16), True),
+    ("flashinfer", dict(mode="decode", seq_q=4, causal=True), False),
+    ("flashinfer", dict(mode="fwd_bwd"), False),
+    ("flashinfer", dict(head_dim_qk=96, head_dim_v=96), False),
+    ("flashinfer-fp8kv", dict(mode="decode", seq_q=1, causal=False), True),
+    ("flashinfer-fp8kv", {}, False),
+])
+def test_supports_rules_give_reasons(name, kw, allowed):
+    ok, reason = get_backend(name).supports(case(**kw))
+    assert ok is allowed
+    assert bool(reason) is not allowed
+
+
+def test_bshd_and_ragged_layouts_round_trip():
+    x = torch.randn(2, 3, 5, 4)  # (B, H, S, D)
+    bshd = flash_attn.to_bshd(x)
+    assert bshd.shape == (2, 5, 3, 4) and bshd.is_contiguous() and torch.equal(bshd[1, 4, 2], x[1, 2, 4])
+    assert torch.equal(flash_attn.from_bshd(bshd), x)
+    ragged = to_ragged(x)  # (B*S, H, D): request b's token s is row b*S + s
+    assert ragged.shape == (10, 3, 4) and torch.equal(ragged[1 * 5 + 4, 2], x[1, 2, 4])
+    assert torch.equal(from_ragged(ragged, 2), x)
+    assert indptr(3, 5).tolist() == [0, 5, 10, 15] and indptr(3, 5).dtype == torch.int32
+
+
+def test_page_table_for_a_sequence_that_does_not_fill_its_last_page():
+    table = PageTable.contiguous(batch=2, seq_kv=40, page_size=16)
+    assert table.indptr.tolist() == [0, 3, 6] and table.indices.tolist() == list(range(6))
+    assert table.last_page_len.tolist() == [8, 8] and table.num_pages == 6 and table.pages_per_request == 3
+    assert all(t.dtype == torch.int32 for t in (table.indptr, table.indices, table.last_page_len))
+    full = PageTable.contiguous(batch=1, seq_kv=32, page_size=16)
+    assert full.last_page_len.tolist() == [16]
+    with pytest.raises(ValueError, match="page_size=0"):
+        PageTable.contiguous(batch=1, seq_kv=32, page_size=0)
+
+
+def test_paged_cache_follows_the_page_table_and_pads_with_zeros():
+    k = torch.randn(2, 3, 40, 8)  # (B, Hkv, Skv, D)
+    table = PageTable.contiguous(2, 40, 16)
+    shuffled = PageTable(table.indptr, torch.tensor([4, 0, 5, 2, 1, 3], dtype=torch.int32), table.last_page_len, 16)
+    for t in (table, shuffled):
+        pages = to_paged(k, t)  # (num_pages, page_size, Hkv, D), NHD inside a page
+        assert pages.shape == (6, 16, 3, 8)
+        assert torch.equal(from_paged(pages, t, 40), k)
+    pages = to_paged(k, shuffled)
+    # request 1's tokens 32..39 sit at the start of its third page, shuffled.indices[5] == 3
+    assert torch.equal(pages[3, :8], k[1, :, 32:40].transpose(0, 1)) and not pages[3, 8:].any()
+
+
+def test_e4m3_quantisation_descales_back_within_fp8_precision():
+    x = torch.randn(2, 50, 4, 16) * torch.tensor([1e-3, 1.0, 30.0, 500.0]).view(1, 1, 4, 1)
+    x8, descale = flash_attn.quantize_e4m3(x, dims=(1, 3))  # one descale per (batch, head)
+    assert x8.dtype == torch.float8_e4m3fn and descale.shape == (2, 4) and descale.dtype == torch.float32
+    back = x8.float() * descale[:, None, :, None]
+    assert ((back - x).abs() <= 2**-3 * x.abs() + 1e-6 * descale.max()).all()  # e4m3: 3 mantissa bits
+    assert x8.float().abs().amax() == flash_attn.E4M3_MAX  # the range is used in full
+    zeros8, one = flash_attn.quantize_e4m3(torch.zeros(3, 4), dims=(0, 1))
+    assert float(one) == 1.0 and not zeros8.float().any()
+
+
+def test_fa3_fp8_descales_are_per_batch_and_kv_head():
+    q = torch.randn(2, 7, 8, 64)  # BSHD, Hq 8
+    k, v = torch.randn(2, 9, 2, 64), torch.randn(2, 9, 2, 64)
+    q8, k8, v8, q_d, k_d, v_d = flash_attn.FA3FP8.quantize(q, k, v)
+    assert q8.shape == q.shape and k8.shape == k.shape and {t.shape for t in (q_d, k_d, v_d)} == {(2, 2)}
+    group = q.unflatten(2, (2, 4))  # query heads 0-3 share K/V head 0
+    assert torch.allclose(q_d, group.abs().amax(dim=(1, 3, 4)) / 448)
+
+
+def test_decode_uses_tensor_cores_above_group_four():
+    assert not flashinfer.use_tensor_cores(32, 8) and flashinfer.use_tensor_cores(32, 4)
+    assert flashinfer.use_tensor_cores(32, 1) and not flashinfer.use_tensor_cores(8, 8)
+
+
+# --- stand-ins for the libraries, written from their documented APIs -------------------------
+
+def _reference(q, k, v, causal, scale):
+    """BHSD attention in fp64 (the harness's eager path with bottom-right causal)."""
+    return eager_attention(q.double(), k.double(), v.double(), causal=causal, scale=scale)
+
+
+class FakeFlashInfer(types.ModuleType):
+    """flashinfer 0.7.4's prefill and decode entry points, computed with the harness's eager attention."""
+
+    def __init__(self):
+        super().__init__("flashinfer")
+        self.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
+        self.calls = []
+
+    def single_prefill_with_kv_cache(self, q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
+                                     custom_mask=None, packed_custom_mask=None, causal=False, kv_layout="NHD",
+                                     sm_scale=None, **unused):
+        assert kv_layout == "NHD" and q.dim() == 3 and scale_q is None
+        self.calls.append("single_prefill")
+        out = _reference(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal, sm_scale)
+        return out[0].transpose(0, 1).to(q.dtype)
+
+    def BatchPrefillWithRaggedKVCacheWrapper(self, workspace, kv_layout="NHD", **unused):
+        fake = self
+
+        class Ragged:
+            def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
+                     custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
+                     use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
+                     rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None, **unused):
+                self.qo, self.kv, self.causal, self.scale = qo_indptr.tolist(), kv_indptr.tolist(), causal, sm_scale
+                fake.calls.append("ragged_plan")
+
+            def run(self, q, k, v):
+                fake.calls.append("ragged_run")
+                outs = []
+                for b in range(len(self.qo) - 1):
+                    qs, ks = q[self.qo[b]:self.qo[b + 1]], k[self.kv[b]:self.kv[b + 1]]
+                    vs = v[self.kv[b]:self.kv[b + 1]]
+                    out = _reference(qs.transpose(0, 1)[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None],
+                                     self.causal, self.scale)
+                    outs.append(out[0].transpose(0, 1))
+                return torch.cat(outs).to(q.dtype)
+
+        return Ragged()
+
+    def BatchDecodeWithPagedKVCacheWrapper(self, workspace, kv_layout="NHD", use_cuda_graph=False,
+                                           use_tensor_cores=False, **unused):
+        fake = self
+        assert kv_layout == "NHD" and workspace.dtype == torch.uint8 and not workspace.any()
+        fake.tensor_cores = use_tensor_cores
+
+        class Decode:
+            def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+                     pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
+                     kv_data_type=None, o_data_type=None, sm_scale=None, **unused):
+                self.table = PageTable(indptr, indices, last_page_len, page_size)
+                self.scale, self.kv_dtype = sm_scale, kv_data_type
+                fake.calls.append("decode_plan")
+
+            def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, **unused):
+                fake.calls.append("decode_run")
+                k_pages, v_pages = paged_kv_cache
+                assert k_pages.dtype == self.kv_dtype
+                size = self.table.page_size
+                lens = ((self.table.indptr[1:] - self.table.indptr[:-1] - 1) * size + self.table.last_page_len).tolist()
+                k = from_paged(k_pages.float(), self.table, max(lens)) * (k_scale or 1.0)
+                v = from_paged(v_pages.float(), self.table, max(lens)) * (v_scale or 1.0)
+                return _reference(q[:, :, None], k, v, False, self.scale)[:, :, 0].to(q.dtype)
+
+        return Decode()
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    fake = FakeFlashInfer()
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(flashinfer, "WORKSPACE_BYTES", 1 << 20)  # 128 MiB of zeros is slow on CPU
+    flashinfer._flashinfer.cache_clear()
+    yield fake
+    flashinfer._flashinfer.cache_clear()
+
+
+def _check(backend, c, tol, **attention_kw):
+    t = make_tensors(c, "cpu", seed=0)
+    ref = _reference(t.q, t.k, t.v, c.causal, c.scale)
+    out = backend.attention(t.q, t.k, t.v, causal=c.causal, scale=c.scale, **attention_kw)
+    assert out.shape == ref.shape and out.dtype == t.q.dtype
+    assert (out.double() - ref).norm() / ref.norm() < tol
+    return t
+
+
+@pytest.mark.parametrize("batch, expected", [(1, ["single_prefill"]), (3, ["ragged_plan", "ragged_run"])])
+def test_flashinfer_prefill_wiring(fake_flashinfer, batch, expected):
+    backend = get_backend("flashinfer")
+    c = case(batch=batch, seq_q=24, seq_kv=40)  # causal with seq_q < seq_kv: bottom-right
+    _check(backend, c, 1e-2)
+    assert fake_flashinfer.calls == expected
+    fake_flashinfer.calls.clear()
+    run = backend.build(c, make_tensors(c, "cpu", seed=1))
+    assert fake_flashinfer.calls == expected  # planned and run once (JIT) inside build
+    run()
+    assert fake_flashinfer.calls == expected + expected[-1:]  # the timed call is the kernel call alone
+
+
+@pytest.mark.parametrize("name, tol", [("flashinfer", 1e-2), ("flashinfer-fp8kv", 8e-2)])
+@pytest.mark.parametrize("page_size", [0, 16, 7])
+def test_flashinfer_paged_decode_wiring(fake_flashinfer, name, tol, page_size):
+    backend = get_backend(name)
+    c = case(mode="decode", heads_q=8, heads_kv=2, seq_q=1, seq_kv=45, causal=False, page_size=page_size)
+    _check(backend, c, tol, **({"page_size": page_size} if page_size else {}))
+    assert fake_flashinfer.calls == ["decode_plan", "decode_run"]
+    assert fake_flashinfer.tensor_cores is False  # group 4: CUDA-core decode
+    fake_flashinfer.calls.clear()
+    run = backend.build(c, make_tensors(c, "cpu", seed=1))
+    run()
+    assert fake_flashinfer.calls == ["decode_plan", "decode_run", "decode_run"]
+
+
+class FakeFlashAttnCute(types.ModuleType):
+    """flash_attn.cute.flash_attn_func as in 4.0.0b36: qv and gather_kv_indices precede softmax_scale."""
+
+    def __init__(self):
+        super().__init__("flash_attn.cute")
+        self.__spec__ = importlib.machinery.ModuleSpec("flash_attn.cute", None)
+
+    @staticmethod
+    def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False, **unused):
+        assert q.dim() == 4 and q.is_contiguous() and qv is None
+        group = q.shape[2] // k.shape[2]  # BSHD: heads at dim 2
+        kk, vv = (x.repeat_interleave(group, dim=2) for x in (k, v))
+        scores = torch.einsum("bshd,bthd->bhst", q.float(), kk.float()) * softmax_scale
+        if causal:
+            sq, skv = q.shape[1], k.shape[1]
+            scores = scores.masked_fill(torch.ones(sq, skv, dtype=torch.bool).triu(skv - sq + 1), float("-inf"))
+        out = torch.einsum("bhst,bthd->bshd", scores.softmax(-1), vv.float()).to(q.dtype)
+        return out, None
+
+
+def test_fa4_wiring_forward_and_backward(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", FakeFlashAttnCute())
+    flash_attn._import.cache_clear()
+    try:
+        backend = get_backend("fa4")
+        _check(backend, case(seq_q=24, seq_kv=40), 1e-2)
+        c = case(mode="fwd_bwd")
+        t = make_tensors(c, "cpu", seed=2)
+        dq, dk, dv = backend.build(c, t)()  # BSHD gradients of the BSHD leaves
+        assert dq.shape == (2, 40, 4, 64) and dk.shape == (2, 40, 2, 64) and dv.shape == dk.shape
+        q, k, v = (x.detach().requires_grad_() for x in (t.q, t.k, t.v))
+        ref = torch.autograd.grad(eager_attention(q, k, v, causal=True, scale=c.scale), (q, k, v), t.dout)
+        for got, want in zip((dq, dk, dv), ref):
+            torch.testing.assert_close(flash_attn.from_bshd(got), want, rtol=5e-2, atol=5e-2)
+    finally:
+        flash_attn._import.cache_clear()
