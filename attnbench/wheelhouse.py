@@ -122,8 +122,9 @@ def read_have(path: str | None) -> set[str]:
 
 def build_wheelhouse(sets: list[str], out: str, *, target: Target = Target(), extra: Iterable[str] = (),
                      have: set[str] = frozenset(), no_pip_config: bool = False,
-                     run: Callable = subprocess.run) -> list[str]:
+                     run: Callable | None = None) -> list[str]:
     """Resolve, filter, download; write ``requirements.txt`` into ``out``. Returns the pinned requirements."""
+    run = run or subprocess.run
     reqs = requirements(sets, extra, target.cuda)
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull} if no_pip_config else None
     Path(out).mkdir(parents=True, exist_ok=True)

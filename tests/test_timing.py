@@ -1,0 +1,141 @@
+"""Timing fidelity: statistics, the timer choice, drift flag, setup time, GPU naming for clocks."""
+import time
+
+import pytest
+import torch
+
+from attnbench.bench import microbench, timing
+from attnbench.bench.case import Case
+from attnbench.bench.microbench import RunOptions, run_group
+from attnbench.bench.provenance import gpu_selector
+from attnbench.bench.results import to_frame
+from attnbench.bench.timing import Timing, time_callable, wants_graph
+from attnbench.kernels import registry
+from attnbench.kernels.registry import Backend
+
+
+def tiny(**kw):
+    base = dict(mode="fwd", layout="mha", batch=1, heads_q=2, heads_kv=2, head_dim_qk=16, head_dim_v=16,
+                seq_q=16, seq_kv=16, causal=False, dtype="fp32")
+    base.update(kw)
+    return Case(**base)
+
+
+def test_timing_statistics_from_raw_samples():
+    t = Timing("x", (1.0, 2.0, 3.0, 4.0, 100.0))
+    assert t.n == 5 and t.median == 3.0
+    assert t.quantile(0.0) == 1.0 and t.quantile(1.0) == 100.0 and t.quantile(0.25) == 2.0
+    assert t.cv == pytest.approx(43.6176 / 22, rel=1e-4)  # std/mean: one outlier dominates it, the median not
+    assert Timing("x", (5.0,)).cv != Timing("x", (5.0,)).cv  # NaN with one sample
+
+
+@pytest.mark.parametrize("device_s, host_s, graph", [
+    (20e-6, 1e-6, True),  # short: launch gaps would dominate
+    (500e-6, 30e-6, False),  # host far ahead of the GPU: events time the kernel
+    (200e-6, 150e-6, True),  # a Python-heavy launcher nearly as slow as the kernel
+    (200e-6, 100e-6, True),
+])
+def test_graph_replay_for_short_or_host_bound_calls(device_s, host_s, graph):
+    assert wants_graph(device_s, host_s) is graph
+
+
+def test_cpu_timer_is_torch_utils_benchmark():
+    x = torch.randn(64, 64)
+    t = time_callable(lambda: x @ x, "cpu", cpu_min_run_time_s=0.02)
+    assert t.method == "torch.utils.benchmark" and t.n >= 1 and t.median > 0
+
+
+class _Recording(Backend):
+    """A backend whose build takes a known time and whose attention records its keyword arguments."""
+
+    name = "recording"
+    family = "fused"
+    build_sleep_s = 0.05
+    seen: list = []
+
+    def attention(self, q, k, v, *, causal, scale, **kw):
+        _Recording.seen.append(kw)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    def build(self, case, tensors):
+        time.sleep(self.build_sleep_s)  # stands in for planning / JIT done in build()
+        return super().build(case, tensors)
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", {**registry.all_backends(), "recording": _Recording()})
+    _Recording.seen = []
+    return "recording"
+
+
+def test_setup_time_includes_build(recording):
+    rows = run_group([tiny()], [recording], RunOptions(cpu_min_run_time_s=0.01), log=lambda s: None)
+    assert rows[0]["status"] == "ok" and rows[0]["setup_s"] >= _Recording.build_sleep_s
+
+
+def test_numerics_of_a_paged_case_sees_its_page_size(recording):
+    cases = [tiny(mode="decode", seq_q=1, seq_kv=40, page_size=16), tiny()]
+    rows = run_group(cases, [recording], RunOptions(cpu_min_run_time_s=0.01), log=lambda s: None)
+    assert all(r["status"] == "ok" for r in rows)
+    # timed calls go through build() without keywords; only the paged case's numerics call carries page_size
+    assert [kw for kw in _Recording.seen if kw] == [{"page_size": 16}]
+
+
+@pytest.mark.parametrize("drift, flagged", [(0.001, False), (-0.05, True), (0.031, True)])
+def test_drift_beyond_the_limit_flags_every_row(monkeypatch, drift, flagged):
+    monkeypatch.setattr(microbench._Job, "drift", lambda self: drift)
+    rows = run_group([tiny(), tiny(causal=True)], ["sdpa-math"], RunOptions(cpu_min_run_time_s=0.01, numerics=False),
+                     log=lambda s: None)
+    assert [r["drift_flag"] for r in rows] == [flagged, flagged] and all(r["job_drift"] == drift for r in rows)
+    assert to_frame(rows)["drift_flag"].dtype == "boolean"
+
+
+def test_drift_re_times_the_first_case_with_the_same_timer_arguments(monkeypatch):
+    calls = []
+    real = microbench._Job.time
+
+    def spy(self, fn, case, estimate_s):
+        calls.append((case, estimate_s))
+        return real(self, fn, case, estimate_s)
+
+    monkeypatch.setattr(microbench._Job, "time", spy)
+    cases = [tiny(mode="decode", seq_q=1, seq_kv=32), tiny()]  # decode prefers graph replay on CUDA
+    rows = run_group(cases, ["sdpa-math"], RunOptions(cpu_min_run_time_s=0.01, numerics=False), log=lambda s: None)
+    assert [c for c, _ in calls] == [cases[0], cases[1], cases[0]] and calls[2] == calls[0]
+    assert abs(rows[0]["job_drift"]) < 1
+
+
+@pytest.mark.parametrize("uuid, visible, index, expected", [
+    ("5b8b1a1a-0000-1111-2222-333344445555", "3,5", 1, "GPU-5b8b1a1a-0000-1111-2222-333344445555"),
+    ("GPU-abc", None, 0, "GPU-abc"),
+    ("", "3,5", 1, "5"),  # no UUID from torch: the CUDA_VISIBLE_DEVICES entry, not physical GPU 0
+    ("", "GPU-x, GPU-y", 1, "GPU-y"),
+    ("", None, 2, "2"),
+])
+def test_clock_queries_name_the_gpu_torch_uses(uuid, visible, index, expected):
+    assert gpu_selector(uuid, visible, index) == expected
+
+
+@pytest.mark.gpu
+def test_graph_replay_and_events_agree_on_a_kernel_over_100us():
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    fn = lambda: a @ a  # noqa: E731  ~140 GFLOP: several hundred us on any recent GPU
+    events = time_callable(fn, "cuda", warmup_ms=200, rep_ms=200)
+    graph = timing._time_cuda_graph(fn, 100)
+    assert events.method == "do_bench" and graph.method == "cuda_graph"
+    assert abs(graph.median / events.median - 1) < 0.05
+
+
+@pytest.mark.gpu
+def test_host_bound_call_is_timed_by_graph_replay():
+    x = torch.randn(1024, device="cuda")
+
+    def python_heavy():  # ~1 ms of host work around a few-us kernel
+        deadline = time.perf_counter() + 1e-3
+        while time.perf_counter() < deadline:
+            pass
+        return x * 2
+
+    t = time_callable(python_heavy, "cuda", warmup_ms=5, rep_ms=20)
+    assert t.method == "cuda_graph" and t.median < 1e-3 / 2
