@@ -39,6 +39,7 @@ import torch
 
 GRAPH_THRESHOLD_S = 50e-6
 HOST_BOUND_FRACTION = 0.5  # host enqueue time / device time from which events may time the host
+HOST_CHECK_MAX_S = 2e-3  # slower calls are not checked: no launcher spends a millisecond per call on the host
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 GRAPH_WARMUP_REPLAYS = 5
 DRIFT_LIMIT = 0.03
@@ -145,7 +146,8 @@ def time_callable(fn: Callable, device: str, *, prefer_graph: bool = False, warm
         return _time_cpu(fn, cpu_min_run_time_s)
     if not prefer_graph:
         first = _time_do_bench(fn, warmup_ms, rep_ms, estimate_s)
-        if not wants_graph(first.median, host_enqueue_s(fn)):
+        host_s = host_enqueue_s(fn) if first.median < HOST_CHECK_MAX_S else 0.0
+        if not wants_graph(first.median, host_s):
             return first
     try:
         return _time_cuda_graph(fn, graph_reps)
