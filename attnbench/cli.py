@@ -94,6 +94,7 @@ def _cmd_microbench(args) -> int:
 
 # Modules that add subcommands: each has ``add_commands(subparsers)``; one line per stage.
 COMMAND_MODULES: tuple[str, ...] = (
+    "attnbench.train.commands",
     "attnbench.wheelhouse_commands",
     "attnbench.hbm.commands",
 )

@@ -217,9 +217,12 @@ class GPT(nn.Module):
 
 
 def count_params(cfg: GPTConfig) -> int:
-    """Parameters of a model built from ``cfg`` (built on the meta device: no memory, no init cost)."""
+    """Parameters of a model built from ``cfg`` (built on the meta device: no memory, no init cost).
+
+    The backend holds no parameters, so ``backend: auto`` (resolved at training time) counts as any other.
+    """
     with torch.device("meta"):
-        return GPT(cfg).num_params()
+        return GPT(dataclasses.replace(cfg, backend="sdpa-math")).num_params()
 
 
 def match_params(cfg: GPTConfig, target: int) -> GPTConfig:

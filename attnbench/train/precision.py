@@ -33,7 +33,7 @@ any recipe: what each recipe would see, whether or not it trains in FP8.
   RCEIL exists.
 
 Per tensor: amax, mean log2 of the scale over scale groups, overflow share
-(|x s| > fmax, would saturate) and underflow share (nonzero x whose x s rounds to
+(|x s| beyond fmax + half an ulp: it would saturate) and underflow share (nonzero x whose x s rounds to
 zero in the FP8 format). e4m3 max 448, e5m2 max 57344 (Micikevicius et al. 2022).
 """
 from __future__ import annotations
@@ -56,10 +56,23 @@ E4M3_EMAX = 8  # exponent of the largest power of two in e4m3 (2^8 = 256 <= 448)
 @dataclass(frozen=True)
 class Fp8Format:
     dtype: torch.dtype
-    max: float
+
+    @property
+    def max(self) -> float:
+        return float(torch.finfo(self.dtype).max)
+
+    @property
+    def overflow_above(self) -> float:
+        """Magnitudes above fmax + half an ulp at fmax do not round to fmax: they overflow (saturate or NaN).
+
+        e4m3: 448 + 16 (ulp 32); e5m2: 57344 + 4096 (ulp 8192). A scaled amax that lands a
+        float32 rounding error above fmax is not an overflow.
+        """
+        top_ulp = 2.0 ** math.floor(math.log2(self.max)) * float(torch.finfo(self.dtype).eps)
+        return self.max + top_ulp / 2
 
 
-FORMATS = {"e4m3": Fp8Format(torch.float8_e4m3fn, 448.0), "e5m2": Fp8Format(torch.float8_e5m2, 57344.0)}
+FORMATS = {"e4m3": Fp8Format(torch.float8_e4m3fn), "e5m2": Fp8Format(torch.float8_e5m2)}
 RECIPE_FORMATS = {  # (act, weight, grad) formats per recipe
     "tensorwise": ("e4m3", "e4m3", "e5m2"),
     "rowwise": ("e4m3", "e4m3", "e4m3"),
@@ -225,7 +238,7 @@ def fp8_tensor_stats(x: torch.Tensor, recipe: str, fmt: str) -> Fp8Stats:
     scale = _scales(amax, recipe, f)
     y = g * scale[:, None]
     nonzero = g != 0
-    over = y.abs() > f.max
+    over = y.abs() > f.overflow_above
     rounded = y.clamp(-f.max, f.max).to(f.dtype).float()
     under = nonzero & (rounded == 0)
     return Fp8Stats(amax=float(amax.max()) if amax.numel() else 0.0,

@@ -1,0 +1,111 @@
+"""``attnbench train`` and ``attnbench experiment``: the pretraining stage's subcommands.
+
+  attnbench train --config FILE --run NAME --out DIR
+      one run: ``base`` (pretrain.model/train/data as configured) or any run an
+      experiment plans (``attnbench experiment list`` prints the names); resumes a
+      killed run from its checkpoint, skips a finished one
+  attnbench experiment list   --config FILE [--name EXP]
+  attnbench experiment run    --config FILE --name EXP --out DIR
+  attnbench experiment report --name EXP --in DIR --out DIR
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from attnbench.config import ConfigError, load_config, resolve_device
+
+
+def _setup(args) -> tuple[dict, str]:
+    config = load_config(args.config)
+    device = resolve_device(config)[0] if not args.device else args.device
+    if device == "cpu":
+        torch.set_num_threads(config["pretrain"]["threads"])
+    return config, device
+
+
+def _find_run(config: dict, name: str, device: str):
+    from attnbench.train import experiments as ex
+    from attnbench.train.loop import RunSpec
+
+    if name == "base":
+        model, tcfg, data = ex.base_configs(ex.settings(config, device))
+        return RunSpec("base", model, tcfg, data, {"experiment": "base"})
+    exp = name.split("/", 1)[0]
+    if exp not in ex.EXPERIMENTS:
+        raise ConfigError(f"--run {name!r}: allowed: base, or <experiment>/<run> with experiment one of "
+                          f"{', '.join(ex.EXPERIMENTS)} (attnbench experiment list)")
+    specs = {s.name: s for s in ex.plan(config, exp, device)}
+    if name not in specs:
+        raise ConfigError(f"--run {name!r} is not planned; allowed: {', '.join(specs)}")
+    return specs[name]
+
+
+def _cmd_train(args) -> int:
+    from attnbench.train.experiments import peak_flops_for
+    from attnbench.train.loop import train
+    from attnbench.train.precision import get_precision
+
+    config, device = _setup(args)
+    spec = _find_run(config, args.run, device)
+    peak = peak_flops_for(device, get_precision(spec.train.precision).matmul_dtype, {})
+    summary = train(spec, args.out, device, peak_flops=peak, progress=not args.no_progress)
+    keys = ("run", "status", "reason", "steps_done", "final_val_loss", "spike_score_loss", "spike_score_grad",
+            "nonfinite_steps", "tokens_per_s", "mfu")
+    print(json.dumps({k: summary.get(k) for k in keys}, default=str))
+    return 0 if summary.get("status") in ("ok", "diverged", "unavailable", "unsupported") else 1
+
+
+def _cmd_experiment(args) -> int:
+    from attnbench.train import experiments as ex
+
+    if args.action == "report":
+        from attnbench.train.figures import render
+
+        for path in render(args.name, args.input, args.out):
+            print(path)
+        return 0
+    config, device = _setup(args)
+    if args.action == "list":
+        for name in [args.name] if args.name else ex.EXPERIMENTS:
+            for spec in ex.plan(config, name, device):
+                print(spec.name)
+        return 0
+    frames = ex.run_experiment(config, args.name, args.out, device, progress=not args.no_progress)
+    runs = frames["runs"]
+    cols = [c for c in ("run", "status", "final_val_loss", "spike_score_loss", "tokens_per_s", "mfu") if c in runs]
+    print(runs[cols].to_string(index=False), file=sys.stderr)
+    return 0
+
+
+def add_commands(sub) -> None:
+    from attnbench.train.experiments import EXPERIMENTS
+
+    p = sub.add_parser("train", help="one pretraining run (resumes from its checkpoint)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--run", required=True, help="base, or <experiment>/<run> (attnbench experiment list)")
+    p.add_argument("--out", required=True, help="the run directory")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: the config's device")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("experiment", help="plan, run or report a pretraining experiment")
+    p.add_argument("action", choices=["list", "run", "report"])
+    p.add_argument("--config", help="needed by list and run")
+    p.add_argument("--name", choices=EXPERIMENTS)
+    p.add_argument("--out", help="run: the experiment directory; report: the folder for tables/ and figures/")
+    p.add_argument("--in", dest="input", help="report: the experiment directory that run wrote")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: the config's device")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_check_experiment_args)
+
+
+def _check_experiment_args(args) -> int:
+    need = {"list": ["config"], "run": ["config", "name", "out"], "report": ["name", "input", "out"]}[args.action]
+    missing = [n for n in need if not getattr(args, n)]
+    if missing:
+        flag = {"input": "--in"}.get(missing[0], f"--{missing[0]}")
+        raise ConfigError(f"attnbench experiment {args.action} needs {flag}")
+    return _cmd_experiment(args)

@@ -1,0 +1,277 @@
+"""The four pretraining experiments: plans (lists of runs), running them, and their result frames.
+
+* ``divergence`` (Golden et al. 2024, "Is Flash Attention Stable?"): runs that differ
+  from a reference only in the attention backend, only in the seed, or only in the
+  precision (fp16 vs fp32 by default); weight divergence to the reference (max abs,
+  relative L2, 1-Wasserstein) at snapshot steps; plus each backend's attention-output
+  and gradient error against fp64 at the model's own attention shape
+  (:mod:`attnbench.bench.numerics`).
+* ``lr_sensitivity`` (Wortsman et al. 2023): final loss against learning rate for each
+  variant (default: baseline, and qk-layernorm with z-loss 1e-4), the LR-sensitivity
+  score, and the max attention logit over steps.
+* ``fp8``: bf16 against the torchao FP8 recipes (tensorwise, rowwise, MXFP8): loss gap,
+  spike score, and scale statistics of every recipe on every run's tensors.
+* ``layouts``: mha/gqa/mqa/mla at matched parameter counts (the MLP width absorbs the
+  difference, Shazeer 2019): loss vs tokens/s vs KV bytes/token.
+
+Every experiment is a list of :class:`~attnbench.train.loop.RunSpec` derived from
+``pretrain.model`` / ``pretrain.train`` (with ``pretrain.cuda`` merged over them on a
+GPU), so one config describes both the CPU default and the GPU scale.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnbench.config import ConfigError
+from attnbench.models.gpt import GPTConfig, count_params, match_params
+from attnbench.train import stability
+from attnbench.train.data import DataConfig
+from attnbench.train.loop import RunSpec, TrainConfig, train
+from attnbench.train.precision import get_precision
+
+EXPERIMENTS = ("divergence", "lr_sensitivity", "fp8", "layouts")
+DTYPE_OF = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def settings(config: dict, device: str) -> dict:
+    """The pretrain section for ``device``: on cuda, ``pretrain.cuda`` merged over data/model/train/experiments."""
+    pre = copy.deepcopy(config["pretrain"])
+    cuda = pre.pop("cuda", {})
+    if device == "cuda":
+        for key in ("data", "model", "train", "experiments"):
+            pre[key] = deep_merge(pre.get(key, {}), cuda.get(key, {}))
+    return pre
+
+
+def base_configs(pre: dict) -> tuple[GPTConfig, TrainConfig, DataConfig]:
+    train_cfg = TrainConfig.from_dict(pre["train"])
+    model = GPTConfig.from_dict(pre["model"])
+    if model.max_seq_len < train_cfg.seq_len:  # precompute RoPE tables for the training length
+        model = dataclasses.replace(model, max_seq_len=train_cfg.seq_len)
+    return model, train_cfg, DataConfig.from_dict(pre["data"])
+
+
+def _snapshot_steps(steps: int, count: int) -> tuple[int, ...]:
+    return tuple(sorted({int(round(x)) for x in np.linspace(0, steps, count + 1)}))
+
+
+def plan(config: dict, name: str, device: str) -> list[RunSpec]:
+    """The runs of experiment ``name`` on ``device``."""
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"experiment={name!r} is not known; allowed: {', '.join(EXPERIMENTS)}")
+    pre = settings(config, device)
+    model, tcfg, data = base_configs(pre)
+    exp = pre["experiments"][name]
+    return {"divergence": _plan_divergence, "lr_sensitivity": _plan_lr, "fp8": _plan_fp8,
+            "layouts": _plan_layouts}[name](model, tcfg, data, exp)
+
+
+def _spec(name: str, model: GPTConfig, tcfg: TrainConfig, data: DataConfig, experiment: str, **tags) -> RunSpec:
+    return RunSpec(f"{experiment}/{name}", model, tcfg, data, {"experiment": experiment, **tags})
+
+
+def _plan_divergence(model, tcfg, data, exp) -> list[RunSpec]:
+    ref_backend, *others = exp["backends"]
+    seed, swap_seed = exp["seeds"]
+    ref_train = dataclasses.replace(tcfg, precision=exp["precision"], seed=seed,
+                                    snapshot_steps=_snapshot_steps(tcfg.steps, exp["snapshots"]))
+    ref_model = dataclasses.replace(model, backend=ref_backend)
+    runs = [_spec("reference", ref_model, ref_train, data, "divergence", swap="reference", variant=ref_backend)]
+    runs += [_spec(f"backend-{b}", dataclasses.replace(ref_model, backend=b), ref_train, data, "divergence",
+                   swap="backend", variant=b) for b in others]
+    runs.append(_spec(f"seed-{swap_seed}", ref_model, dataclasses.replace(ref_train, seed=swap_seed), data,
+                      "divergence", swap="seed", variant=f"seed {swap_seed}"))
+    runs.append(_spec(f"precision-{exp['swap_precision']}", ref_model,
+                      dataclasses.replace(ref_train, precision=exp["swap_precision"]), data, "divergence",
+                      swap="precision", variant=f"{exp['swap_precision']} vs {exp['precision']}"))
+    return runs
+
+
+def _plan_lr(model, tcfg, data, exp) -> list[RunSpec]:
+    runs = []
+    for variant, over in exp["variants"].items():
+        vmodel = GPTConfig.from_dict({**model.to_dict(), **over.get("model", {})})
+        vtrain = TrainConfig.from_dict({**dataclasses.asdict(tcfg), **over.get("train", {})})
+        for lr in exp["lrs"]:
+            runs.append(_spec(f"{variant}/lr{lr:g}", vmodel, dataclasses.replace(vtrain, lr=float(lr)), data,
+                              "lr_sensitivity", variant=variant))
+    return runs
+
+
+def _plan_fp8(model, tcfg, data, exp) -> list[RunSpec]:
+    stats = tuple(exp["stats"])
+    return [_spec(p, model, dataclasses.replace(tcfg, precision=p, fp8_stats=stats), data, "fp8", variant=p)
+            for p in exp["precisions"]]
+
+
+def _plan_layouts(model, tcfg, data, exp) -> list[RunSpec]:
+    configs = {}
+    for name, over in exp["layouts"].items():
+        values = {**model.to_dict(), "layout": over.get("layout", name), "n_kv_heads": None, "d_ff": model.d_ff,
+                  "backend": exp["backend"], **over}
+        configs[name] = GPTConfig.from_dict(values)
+    if exp["match_params"]:
+        target = count_params(next(iter(configs.values())))
+        configs = {n: match_params(c, target) for n, c in configs.items()}
+    return [_spec(n, c, tcfg, data, "layouts", variant=n) for n, c in configs.items()]
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_dir(out_dir: str | Path, spec: RunSpec) -> Path:
+    return Path(out_dir) / "runs" / spec.name.split("/", 1)[1].replace("/", "__")
+
+
+def peak_flops_for(device: str, matmul_dtype: str, cache: dict) -> float:
+    """The measured matmul ceiling of ``matmul_dtype`` here (:mod:`attnbench.bench.ceilings`), measured once."""
+    if matmul_dtype not in cache:
+        from attnbench.bench.ceilings import Ceilings, measure_matmul
+
+        rates = {d: measure_matmul(device, d) for d in {matmul_dtype, "fp32"}}
+        cache[matmul_dtype] = Ceilings(device, "", math.nan, {k: v for k, v in rates.items() if v == v}
+                                       ).peak_flops(matmul_dtype)
+    return cache[matmul_dtype]
+
+
+def run_experiment(config: dict, name: str, out_dir: str | Path, device: str, *, progress: bool = True,
+                   peak_cache: dict | None = None) -> dict[str, pd.DataFrame]:
+    """Train every run of ``name`` (finished runs are kept, killed ones resume), then write the frames.
+
+    Writes ``steps.parquet`` (every run's step log), ``runs.parquet`` (one summary per
+    run) and, for divergence, ``divergence.parquet`` and ``numerics.parquet``.
+    """
+    out = Path(out_dir)
+    specs = plan(config, name, device)
+    cache = {} if peak_cache is None else peak_cache  # matmul ceilings, measured once per process
+    summaries, steps = [], []
+    for spec in specs:
+        precision = get_precision(spec.train.precision)
+        peak = peak_flops_for(device, precision.matmul_dtype, cache)
+        print(f"attnbench experiment {name}: {spec.name}", file=sys.stderr, flush=True)
+        summary = train(spec, run_dir(out, spec), device, peak_flops=peak, progress=progress)
+        summaries.append(summary)
+        path = run_dir(out, spec) / "steps.parquet"
+        if path.is_file():
+            steps.append(pd.read_parquet(path).assign(**{k: str(v) for k, v in spec.tags.items()}))
+    frames = {"runs": pd.DataFrame(summaries),
+              "steps": pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()}
+    if name == "divergence":
+        frames["divergence"] = divergence_frame(specs, out)
+        frames["numerics"] = numerics_frame(config, device)
+    for key, frame in frames.items():
+        _write_parquet(frame, out / f"{key}.parquet")
+    return frames
+
+
+def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+def divergence_frame(specs: list[RunSpec], out: Path) -> pd.DataFrame:
+    """Weight divergence of every swap run to the reference at each snapshot both runs saved."""
+    ref = specs[0]
+    rows = []
+    for spec in specs[1:]:
+        for step in ref.train.snapshot_steps:
+            a, b = (run_dir(out, s) / "snapshots" / f"{step}.pt" for s in (ref, spec))
+            if not (a.is_file() and b.is_file()):
+                continue
+            div = stability.weight_divergence(torch.load(a, weights_only=True), torch.load(b, weights_only=True))
+            rows.append({"run": spec.name, "swap": spec.tags["swap"], "variant": spec.tags["variant"],
+                         "step": step, **div})
+    return pd.DataFrame(rows, columns=["run", "swap", "variant", "step", "max_abs", "rel_l2", "wasserstein"])
+
+
+def numerics_frame(config: dict, device: str) -> pd.DataFrame:
+    """Each divergence backend's output and gradient error against fp64 at the model's attention shape."""
+    from attnbench.bench.numerics import baselines, check_numerics
+    from attnbench.kernels.registry import get_backend
+
+    specs = plan(config, "divergence", device)
+    ref = specs[0]
+    with torch.device("meta"):
+        from attnbench.models.gpt import GPT
+
+        attn = GPT(ref.model).blocks[0].attn
+    backends = [s.model.backend for s in specs if s.tags["swap"] in ("reference", "backend")]
+    precisions = sorted({s.train.precision for s in specs} & set(DTYPE_OF))
+    rows = []
+    for precision in precisions:
+        case = attn.case(ref.train.batch_size, ref.train.seq_len, DTYPE_OF[precision], "fwd_bwd")
+        base = baselines(case, device, seed=ref.train.seed)
+        for name in backends:
+            backend = get_backend(name)
+            row = {"backend": name, "dtype": case.dtype, "case": case.label()}
+            try:
+                res = check_numerics(case, lambda q, k, v: backend.attention(q, k, v, causal=True, scale=case.scale),
+                                     device, ref.train.seed, base)
+            except Exception as err:  # a backend that cannot run this case is a row with the reason
+                rows.append({**row, "status": "error", "reason": f"{type(err).__name__}: {str(err).splitlines()[0]}"})
+                continue
+            row.update({"status": "ok", "reason": "", "out_rel_err": res.out.rel_err, "out_max_abs": res.out.max_abs_err})
+            for g, e in zip(("dq", "dk", "dv"), res.grads or ()):
+                row.update({f"{g}_rel_err": e.rel_err, f"{g}_max_abs": e.max_abs_err})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- result frames for tables
+
+
+def lr_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(final val loss per variant x LR, LR sensitivity per variant) from the lr_sensitivity summaries."""
+    ok = runs[runs["status"].isin(["ok", "diverged"])]
+    grid = ok.pivot_table(index="variant", columns="lr", values="final_val_loss", aggfunc="first")
+    rows = []
+    for variant, sub in ok.groupby("variant"):
+        finals = dict(zip(sub["lr"], sub["final_val_loss"]))
+        initial = float(sub["initial_val_loss"].median())
+        rows.append({"variant": variant, "lr_sensitivity": stability.lr_sensitivity(finals, initial),
+                     "best_lr": float(sub.loc[sub["final_val_loss"].idxmin(), "lr"]) if sub["final_val_loss"].notna().any() else math.nan,
+                     "best_final_val_loss": float(sub["final_val_loss"].min()),
+                     "max_attention_logit": float(sub["max_attention_logit"].max()),
+                     "diverged_runs": int((sub["status"] == "diverged").sum())})
+    return grid, pd.DataFrame(rows)
+
+
+def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per precision: status, loss gap to the first (bf16) run, spike scores, mean scale statistics."""
+    base = runs.iloc[0]
+    rows = []
+    for _, r in runs.iterrows():
+        row = {"precision": r["precision"], "status": r["status"], "emulated": r.get("emulated", False),
+               "final_val_loss": r.get("final_val_loss", math.nan),
+               "loss_gap": r.get("final_val_loss", math.nan) - base.get("final_val_loss", math.nan),
+               "spike_score_loss": r.get("spike_score_loss", math.nan),
+               "spike_score_grad": r.get("spike_score_grad", math.nan), "tokens_per_s": r.get("tokens_per_s", math.nan),
+               "reason": r.get("reason", "")}
+        sub = steps[steps["run"] == r["run"]] if len(steps) else steps
+        for col in [c for c in sub.columns if c.startswith("fp8_")]:
+            row[col] = float(sub[col].mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def layouts_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    cols = ["variant", "layout", "status", "backend", "params", "kv_cache_elements_per_token",
+            "kv_bytes_per_token_bf16", "final_val_loss", "best_val_loss", "tokens_per_s", "mfu", "reason"]
+    return runs.reindex(columns=cols)

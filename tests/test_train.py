@@ -1,0 +1,242 @@
+"""Training runs: data pinning and order, exact resume, non-finite steps, precisions, FP8 statistics, experiments, CLI."""
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from attnbench.cli import main
+from attnbench.config import ConfigError, validate_config
+from attnbench.data import CORPORA
+from attnbench.models.gpt import GPTConfig, count_params
+from attnbench.train import experiments as ex
+from attnbench.train.data import DataConfig, SyntheticConfig, load_tokens
+from attnbench.train.loop import RunSpec, TrainConfig, lr_at, train
+from attnbench.train.precision import (Fp8StatsRecorder, fp8_tensor_stats, get_precision)
+
+TINY_MODEL = GPTConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=16)
+TINY_TRAIN = TrainConfig(steps=12, batch_size=4, seq_len=16, lr=1e-2, warmup_steps=2, eval_every=6, eval_batches=1,
+                         probe_every=3, ckpt_every=4)
+SYNTH = DataConfig(source="synthetic", synthetic=SyntheticConfig(tokens=20_000))
+
+
+def _spec(**train) -> RunSpec:
+    return RunSpec("t", TINY_MODEL, dataclasses.replace(TINY_TRAIN, **train), SYNTH)
+
+
+def test_shipped_corpus_is_pinned_and_documented():
+    corpus = CORPORA["shakespeare"]
+    data = corpus.read()
+    assert hashlib.sha256(data).hexdigest() == corpus.sha256
+    readme = (Path(__file__).parents[1] / "attnbench" / "data" / "README.md").read_text()
+    assert corpus.sha256 in readme and "public domain" in readme.lower()
+    assert 1e6 < len(data) < 2e7 and data.isascii()
+
+
+def test_split_and_order_are_deterministic():
+    tokens = load_tokens(DataConfig())
+    assert tokens.sha256 == CORPORA["shakespeare"].sha256
+    assert len(tokens.train) == int(0.9 * (len(tokens.train) + len(tokens.val)))
+    x1, y1 = tokens.train_batch(7, seed=0, batch_size=4, seq_len=32, device="cpu")
+    x2, _ = tokens.train_batch(7, seed=0, batch_size=4, seq_len=32, device="cpu")
+    x3, _ = tokens.train_batch(7, seed=1, batch_size=4, seq_len=32, device="cpu")
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are the next bytes
+    v1, v2 = tokens.val_batches(2, 4, 32, "cpu"), tokens.val_batches(2, 4, 32, "cpu")
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(v1, v2))
+
+
+def test_file_source_and_synthetic_floor(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_bytes(b"hello world. " * 200)
+    tokens = load_tokens(DataConfig(source="file", path=str(path)))
+    assert tokens.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and tokens.name == "file:text.txt"
+    synth = load_tokens(SYNTH)
+    assert 0 < synth.loss_floor < math.log(3)  # at most log(branching) nats per token
+    assert synth.sha256 == load_tokens(SYNTH).sha256  # seeded
+    with pytest.raises(ConfigError, match="data.source='web'"):
+        DataConfig(source="web")
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = TrainConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(100, cfg) == pytest.approx(0.1)
+    assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 100))
+
+
+def test_run_writes_step_log_and_summary(tmp_path):
+    summary = train(_spec(fp8_stats=("tensorwise",), fp8_stats_every=4, snapshot_steps=(0, 12)), tmp_path, "cpu",
+                    peak_flops=1e9)
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert len(steps) == 12 and summary["status"] == "ok" and summary["steps_done"] == 12
+    for col in ("loss", "grad_norm", "update_rms", "lr", "logz_mean", "tokens_per_s", "memory_bytes", "max_logit_l0",
+                "val_loss", "fp8_tensorwise_grad_underflow"):
+        assert col in steps, col
+    assert steps["max_logit_l0"].notna().sum() == 4  # probe every 3 steps
+    assert steps["val_loss"].notna().sum() == 2
+    assert (steps["update_rms"] > 0).all() and steps["loss"].notna().all()
+    assert summary["corpus_sha256"] == load_tokens(SYNTH).sha256
+    assert summary["spike_window"] == 10 and summary["mfu"] > 0
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == ["0.pt", "12.pt"]
+    assert not (tmp_path / "ckpt.pt").exists()
+    assert train(_spec(fp8_stats=("tensorwise",), fp8_stats_every=4, snapshot_steps=(0, 12)), tmp_path, "cpu") == \
+        json.loads((tmp_path / "summary.json").read_text())  # a finished run is not run again
+
+
+def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path):
+    spec = _spec()
+    train(spec, tmp_path / "whole", "cpu", progress=False)
+    assert train(spec, tmp_path / "cut", "cpu", stop_after=6) == {}  # killed after 6 steps (checkpoint at 4)
+    assert (tmp_path / "cut" / "ckpt.pt").exists()
+    train(spec, tmp_path / "cut", "cpu")
+    whole = pd.read_parquet(tmp_path / "whole" / "steps.parquet")
+    cut = pd.read_parquet(tmp_path / "cut" / "steps.parquet")
+    cols = ["step", "loss", "grad_norm", "update_rms", "lr", "logz_mean", "val_loss", "max_logit_l0"]
+    pd.testing.assert_frame_equal(whole[cols], cut[cols])
+
+
+def test_nonfinite_steps_are_counted_and_end_the_run_without_raising(tmp_path):
+    summary = train(_spec(lr=1e30, grad_clip=0.0, max_nonfinite=3, warmup_steps=0), tmp_path, "cpu")
+    assert summary["status"] == "diverged" and "consecutive non-finite" in summary["reason"]
+    assert summary["nonfinite_steps"] == 3 and summary["steps_done"] < 12
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert steps["skipped"].iloc[-3:].all()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_runs_train(tmp_path, precision):
+    summary = train(_spec(precision=precision), tmp_path, "cpu")
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert summary["status"] == "ok" and summary["final_val_loss"] < summary["initial_val_loss"]
+    assert steps["loss_scale"].notna().all() == (precision == "fp16")
+
+
+def test_fp8_without_torchao_is_an_unavailable_row(tmp_path):
+    pytest.importorskip("torch")
+    try:
+        import torchao  # noqa: F401
+        pytest.skip("torchao is installed here")
+    except ImportError:
+        pass
+    summary = train(_spec(precision="fp8-rowwise"), tmp_path, "cpu")
+    assert summary["status"] == "unavailable" and "torchao" in summary["reason"]
+
+
+def test_fp8_with_torchao_trains_emulated_on_cpu(tmp_path):
+    pytest.importorskip("torchao")
+    model = dataclasses.replace(TINY_MODEL, d_model=32)
+    summary = train(RunSpec("t", model, dataclasses.replace(TINY_TRAIN, precision="fp8-tensorwise"), SYNTH),
+                    tmp_path, "cpu")
+    assert summary["status"] == "ok" and summary["emulated"] and math.isnan(summary["tokens_per_s"])
+
+
+def test_fp8_tensor_stats_known_values():
+    x = torch.tensor([[2.0, -1.0, 1e-7, 0.0]])
+    s = fp8_tensor_stats(x, "tensorwise", "e4m3")
+    assert s.amax == 2.0 and s.log2_scale_sum == pytest.approx(math.log2(448 / 2))
+    assert s.overflow == 0 and s.nonzero == 3 and s.underflow == 1  # 1e-7 * 224 < 2^-10: rounds to 0 in e4m3
+    g = fp8_tensor_stats(x, "tensorwise", "e5m2")
+    assert g.underflow == 0  # e5m2 reaches 2^-16 and 1e-7 * 28672 is above it
+    block = torch.full((1, 32), 0.5)
+    block[0, 0] = 1.9  # OCP floor scale 2^(0 - 8): 1.9 * 256 = 486 > 448 saturates; RCEIL scales under 448
+    assert fp8_tensor_stats(block, "mxfp8-floor", "e4m3").overflow == 1
+    assert fp8_tensor_stats(block, "mxfp8", "e4m3").overflow == 0
+    rows = fp8_tensor_stats(torch.tensor([[3.0, 1.0], [0.1, 0.05]]), "rowwise", "e4m3")
+    assert rows.groups == 2 and rows.log2_scale_sum == pytest.approx(7 + 12)  # floor(log2(448/3)), floor(log2(4480))
+
+
+def test_fp8_recorder_sees_inputs_weights_and_output_gradients():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.Linear(32, 16, bias=False))
+    rec = Fp8StatsRecorder(model, ("tensorwise", "mxfp8"))
+    model(torch.randn(4, 16)).sum().backward()
+    assert rec.row() == {}  # not recording
+    with rec.recording():
+        model(torch.randn(4, 16)).sum().backward()
+    row = rec.row()
+    assert {k.rsplit("_", 1)[0] for k in row} >= {f"fp8_{r}_{t}" for r in ("tensorwise", "mxfp8")
+                                                  for t in ("act", "weight", "grad")}
+    # d(sum)/d(out of layer 1) is all ones; into layer 0's output it is W1^T 1, i.e. the column sums of W1
+    expected = max(1.0, model[1].weight.detach().sum(0).abs().max().item())
+    assert row["fp8_tensorwise_grad_amax"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_precision_names():
+    assert get_precision("fp16").loss_scaling and get_precision("bf16").matmul_dtype == "bf16"
+    assert get_precision("mxfp8").matmul_dtype == "fp8"
+    with pytest.raises(ValueError, match="train.precision='fp4'"):
+        get_precision("fp4")
+
+
+def _tiny_config(tmp_path) -> dict:
+    return validate_config({
+        "device": "cpu",
+        "microbench": {"cpu": {"backends": ["sdpa-math"], "groups": {"g": {"mode": "fwd", "batch": 1, "heads_q": 2,
+                                                                          "head_dim": 16, "seq": 32, "dtype": "fp32"}}},
+                       "cuda": {"backends": ["sdpa-math"], "groups": {"g": {"mode": "fwd", "batch": 1, "heads_q": 2,
+                                                                           "head_dim": 16, "seq": 32, "dtype": "fp32"}}}},
+        "pretrain": {"data": {"source": "synthetic", "synthetic": {"tokens": 20000}},
+                     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16},
+                     "train": {"steps": 8, "batch_size": 4, "seq_len": 16, "eval_every": 4, "eval_batches": 1},
+                     "experiments": {"divergence": {"backends": ["sdpa-math", "eager"], "snapshots": 2,
+                                                    "swap_precision": "bf16"},
+                                     "lr_sensitivity": {"lrs": [0.01, 0.1]},
+                                     "layouts": {"backend": "sdpa-math",
+                                                 "layouts": {"mha": {}, "mqa": {},
+                                                             "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8,
+                                                                     "qk_rope_head_dim": 4, "v_head_dim": 8}}}}},
+    })
+
+
+def test_divergence_plan_changes_one_thing_per_run(tmp_path):
+    specs = ex.plan(_tiny_config(tmp_path), "divergence", "cpu")
+    ref = specs[0]
+    assert [s.tags["swap"] for s in specs] == ["reference", "backend", "seed", "precision"]
+    for spec in specs[1:]:
+        diffs = {k for k, v in spec.model.to_dict().items() if ref.model.to_dict()[k] != v}
+        diffs |= {k for k, v in dataclasses.asdict(spec.train).items() if dataclasses.asdict(ref.train)[k] != v}
+        assert diffs == {"backend": {"backend"}, "seed": {"seed"}, "precision": {"precision"}}[spec.tags["swap"]]
+    assert ref.train.snapshot_steps == (0, 4, 8)
+
+
+def test_layouts_plan_matches_parameters(tmp_path):
+    specs = ex.plan(_tiny_config(tmp_path), "layouts", "cpu")
+    counts = [count_params(s.model) for s in specs]
+    assert [s.model.layout for s in specs] == ["mha", "mqa", "mla"]
+    assert max(counts) - min(counts) <= TINY_MODEL.d_model * TINY_MODEL.n_layers
+
+
+def test_experiment_runs_and_renders_tables_and_figures(tmp_path):
+    config = _tiny_config(tmp_path)
+    frames = ex.run_experiment(config, "divergence", tmp_path / "exp", "cpu", progress=False, peak_cache={"fp32": 1e9, "bf16": 1e9})
+    div = frames["divergence"]
+    assert set(div["swap"]) == {"backend", "seed", "precision"} and set(div["step"]) == {0, 4, 8}
+    assert (div[div["step"] == 0].query("swap != 'seed'")[["max_abs", "rel_l2"]] == 0).all().all()  # same init
+    assert (div[(div["swap"] == "seed") & (div["step"] == 8)]["rel_l2"] > 0.1).all()
+    assert set(frames["numerics"]["status"]) == {"ok"} and (frames["numerics"]["out_rel_err"] < 1e-2).all()
+    from attnbench.train.figures import render
+
+    paths = render("divergence", tmp_path / "exp", tmp_path / "report")
+    names = {p.name for p in paths}
+    assert {"divergence.md", "divergence.tex", "divergence.csv", "divergence_numerics.md", "divergence.png"} <= names
+    assert "Golden et al. 2024" in (tmp_path / "report" / "tables" / "divergence.md").read_text()
+
+
+def test_cli_train_and_experiment_list(tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_tiny_config(tmp_path), sort_keys=False))  # layout order matters
+    assert main(["experiment", "list", "--config", str(path), "--name", "lr_sensitivity"]) == 0
+    assert capsys.readouterr().out.split() == ["lr_sensitivity/baseline/lr0.01", "lr_sensitivity/baseline/lr0.1",
+                                               "lr_sensitivity/qk_norm+z_loss/lr0.01", "lr_sensitivity/qk_norm+z_loss/lr0.1"]
+    assert main(["train", "--config", str(path), "--run", "layouts/mqa", "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["run"] == "layouts/mqa" and out["status"] == "ok"
+    assert main(["train", "--config", str(path), "--run", "layouts/gqa", "--out", str(tmp_path / "x")]) == 2
+    assert "allowed: layouts/mha, layouts/mqa, layouts/mla" in capsys.readouterr().err
