@@ -187,12 +187,12 @@ class _FlashInfer(Backend):
         fi = _flashinfer()[0]
         b, hq, _, d = q.shape
         hkv, skv = k.shape[1], k.shape[2]
-        k_scale = v_scale = None
-        if self.quantize_kv:
-            (k, k_scale), (v, v_scale) = (quantize_e4m3(t, dims=(0, 1, 2, 3)) for t in (k, v))
-            k_scale, v_scale = float(k_scale), float(v_scale)
         table = PageTable.contiguous(b, skv, page_size, device=q.device)
         k_pages, v_pages = to_paged(k, table), to_paged(v, table)
+        k_scale = v_scale = None
+        if self.quantize_kv:  # after paging: only elementwise ops touch fp8 (zero padding leaves amax alone)
+            (k_pages, k_scale), (v_pages, v_scale) = (quantize_e4m3(t, dims=(0, 1, 2, 3)) for t in (k_pages, v_pages))
+            k_scale, v_scale = float(k_scale), float(v_scale)
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), kv_layout="NHD",
                                                         use_tensor_cores=use_tensor_cores(hq, hkv))
         wrapper.plan(table.indptr, table.indices, table.last_page_len, hq, hkv, d, page_size,
