@@ -1,0 +1,149 @@
+"""Backward attention kernels: preprocessing, then dK/dV per key tile with dQ by atomics.
+
+FlashAttention-2's backward (Dao 2023, Algorithm 2). With ``P = exp(S - LSE)``
+recomputed from the forward's log-sum-exp, and ``dO`` the output gradient::
+
+    delta = rowsum(dO * O)                 (preprocessing kernel, fp32)
+    dV    = P^T dO
+    dP    = dO V^T
+    dS    = P * (dP - delta)               (softmax backward; delta = rowsum(P * dP))
+    dQ    = scale * dS K        dK = scale * dS^T Q
+
+One program owns a tile of ``BLOCK_N`` keys of one (batch, K/V head): K and V
+stay in registers, dK and dV accumulate in fp32, and the program walks every
+query tile of every query head of its group (GQA/MQA: the group's gradients
+are summed in the program, no atomics and no repeated K/V). Each step's dQ
+contribution ``dS K`` is added to an fp32 buffer with relaxed atomics, as
+FlashAttention-2 does, so the backward runs the five matmuls the FLOP
+convention counts (``2.5 x`` forward) and no separate dQ pass; the price is a
+dQ summed in a nondeterministic order. The causal diagonal and a partial last
+key tile take the masked path; padded query rows carry ``LSE = +inf`` so their
+probabilities are exactly zero.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from attnbench.kernels.triton.tuning import BWD, pruner, union
+
+
+@triton.jit
+def _attn_bwd_preprocess(O, DO, DELTA,
+                         stride_ob, stride_oh, stride_om, stride_od,
+                         stride_db, stride_dh, stride_dm, stride_dd,
+                         heads_q, seq_q,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32. Grid: (cdiv(seq_q, BLOCK_M), B * Hq)."""
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // heads_q
+    off_h = pid_bh % heads_q
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = offs_m[:, None] < seq_q
+    o = tl.load(O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=rows, other=0.0)
+    do = tl.load(DO + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh
+                 + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=rows, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + pid_bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
+
+
+@triton.jit
+def _bwd_query_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ_ACC, sm_scale, off_b, off_hkv, heads_q, group,
+                     stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
+                     lo, hi, offs_n, offs_d, seq_q, seq_kv,
+                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Accumulate dK, dV of one key tile over query tiles [lo, hi) of every query head of its group; add dQ.
+
+    The (query head, query tile) pairs run as one flat loop: a head loop around
+    the tile loop kept more values live and made ptxas spill (sm_90, Triton 3.6).
+    """
+    qk_scale = sm_scale * 1.4426950408889634  # log2(e)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    steps = tl.cdiv(hi - lo, BLOCK_M)
+    for t in range(0, group * steps):
+        g = t // steps
+        start_m = tl.multiple_of(lo + (t - g * steps) * BLOCK_M, BLOCK_M)
+        off_h = off_hkv * group + g
+        bh = (off_b * heads_q + off_h).to(tl.int64)
+        offs_m = start_m + offs_m0
+        rows = offs_m < seq_q
+        q = tl.load(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=rows[:, None], other=0.0)
+        lse2 = tl.load(LSE + bh * seq_q + offs_m, mask=rows, other=float("inf")) * 1.4426950408889634
+        s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M): S^T
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+        if MASKED:
+            keep = offs_n[:, None] < seq_kv
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :] + (seq_kv - seq_q))
+            p_t = tl.where(keep, p_t, 0.0)
+        do = tl.load(DO + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh
+                     + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=rows[:, None], other=0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        delta = tl.load(DELTA + bh * seq_q + offs_m, mask=rows, other=0.0)
+        dp_t = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M): dP^T
+        ds_t = (p_t * (dp_t - delta[None, :]) * sm_scale).to(q.dtype)  # scale * dS^T
+        dk = tl.dot(ds_t, q, dk)
+        dq = tl.dot(tl.trans(ds_t), k)  # (BLOCK_M, HEAD_DIM)
+        tl.atomic_add(DQ_ACC + (bh * seq_q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :], dq, mask=rows[:, None],
+                      sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, sm_scale,
+              stride_qb, stride_qh, stride_qm, stride_qd,
+              stride_kb, stride_kh, stride_kn, stride_kd,
+              stride_vb, stride_vh, stride_vn, stride_vd,
+              stride_db, stride_dh, stride_dm, stride_dd,
+              stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+              stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+              heads_kv, group, seq_q, seq_kv,
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: BLOCK_N keys of one (batch, K/V head). Grid: (cdiv(seq_kv, BLOCK_N), B * Hkv).
+
+    ``DQ_ACC`` is a zeroed contiguous fp32 (B, Hq, seq_q, HEAD_DIM) buffer.
+    """
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // heads_kv
+    off_hkv = pid_bh % heads_kv
+    start_n = tl.program_id(0) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    keys = offs_n[:, None] < seq_kv
+    k = tl.load(K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+                + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=keys, other=0.0)
+    v = tl.load(V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+                + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=keys, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+
+    # query tiles [lo, full) need the mask (causal diagonal), [full, end) see every key of this tile
+    end = tl.cdiv(seq_q, BLOCK_M) * BLOCK_M
+    lo = 0
+    full = 0
+    if CAUSAL:
+        offset = seq_kv - seq_q
+        lo = (tl.maximum(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+        full = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M
+        full = tl.minimum(tl.maximum(full, lo), end)
+    if start_n + BLOCK_N > seq_kv:  # a partial key tile: every step masks the padded keys
+        full = end
+    heads_q = heads_kv * group
+    dk, dv = _bwd_query_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ_ACC, sm_scale, off_b, off_hkv, heads_q, group,
+                              stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
+                              lo, full, offs_n, offs_d, seq_q, seq_kv, True, CAUSAL, HEAD_DIM, BLOCK_M)
+    dk, dv = _bwd_query_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ_ACC, sm_scale, off_b, off_hkv, heads_q, group,
+                              stride_qb, stride_qh, stride_qm, stride_qd, stride_db, stride_dh, stride_dm, stride_dd,
+                              full, end, offs_n, offs_d, seq_q, seq_kv, False, CAUSAL, HEAD_DIM, BLOCK_M)
+
+    tl.store(DK + off_b.to(tl.int64) * stride_dkb + off_hkv.to(tl.int64) * stride_dkh
+             + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=keys)
+    tl.store(DV + off_b.to(tl.int64) * stride_dvb + off_hkv.to(tl.int64) * stride_dvh
+             + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=keys)
+
+
+attn_bwd = triton.autotune(union(BWD), key=["seq_q", "seq_kv", "group", "HEAD_DIM", "CAUSAL"],
+                           prune_configs_by={"early_config_prune": pruner(BWD)}, reset_to_zero=["DQ_ACC"])(_attn_bwd)

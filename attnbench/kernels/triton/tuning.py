@@ -1,0 +1,87 @@
+"""Autotuning spaces for the Triton attention kernels, and the interpreter switch.
+
+Each space is a short list of ``triton.Config`` per head dim: tile sizes,
+warps, pipeline stages and, in the forward, the load path (plain pointers,
+which Triton pipelines with ``cp.async``, or TMA descriptors). The autotuner
+times every config that survives :func:`prune` on the first call of each key
+and keeps the fastest, so TMA is used only where it pays.
+
+The lists were chosen from the compiler's resource report for sm_90 with
+Triton 3.6 (``docs/triton.md``, "Choosing the configs"): configs whose
+register allocation spilled heavily were dropped; 8 warps (two warpgroups
+sharing a 128-row Q tile) is the wgmma shape FA3 uses on Hopper. Warp
+specialisation (``tl.range(..., warp_specialize=True)``) is not offered: it
+failed to compile for this kernel on sm_90 with Triton 3.6, whose
+documentation lists it as Blackwell-only.
+
+Under ``TRITON_INTERPRET=1`` (kernels run on CPU tensors in numpy) each space
+is a single small portable config: the interpreter cannot time configs, and
+small tiles keep the CPU tests fast while still leaving partial tiles.
+"""
+from __future__ import annotations
+
+import triton
+
+INTERPRET = bool(triton.knobs.runtime.interpret)  # fixed when the kernels are decorated (import time)
+
+
+def _fwd(block_m: int, block_n: int, warps: int, stages: int, tma: bool = False) -> triton.Config:
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "USE_TMA": tma}, num_warps=warps,
+                         num_stages=stages)
+
+
+def _bwd(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+
+
+if INTERPRET:
+    FWD = {d: [_fwd(32, 16, 4, 1)] for d in (32, 64, 128)}
+    BWD = {d: [_bwd(16, 32, 4, 1)] for d in (32, 64, 128)}
+    FP8 = FWD
+else:
+    _FWD_SMALL = [_fwd(128, 64, 4, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
+                  _fwd(128, 128, 8, 2, tma=True)]
+    _BWD_SMALL = [_bwd(64, 128, 8, 2), _bwd(64, 128, 8, 3), _bwd(64, 64, 4, 3)]
+    FWD = {32: _FWD_SMALL, 64: _FWD_SMALL,
+           128: [_fwd(128, 64, 8, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
+                 _fwd(128, 128, 8, 2, tma=True)]}
+    BWD = {32: _BWD_SMALL, 64: _BWD_SMALL, 128: [_bwd(64, 64, 8, 2), _bwd(64, 64, 8, 3), _bwd(64, 128, 8, 2)]}
+    _FP8 = [_fwd(128, 128, 8, 2), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 3, tma=True)]
+    FP8 = {32: _FP8, 64: _FP8, 128: _FP8}
+
+
+def union(table: dict) -> list:
+    """Every config of a per-head-dim table once, in order (the autotuner's full list)."""
+    seen: list = []
+    for configs in table.values():
+        seen += [c for c in configs if all(c is not s for s in seen)]
+    return seen
+
+
+def _tma_ok(named_args: dict) -> bool:
+    """TMA needs sm_90+, Triton's in-kernel descriptors, 16-byte aligned bases and row strides."""
+    import torch
+    import triton.language as tl
+
+    tensors = [named_args[name] for name in ("Q", "K", "V", "O")]
+    if not hasattr(tl, "make_tensor_descriptor") or not tensors[0].is_cuda:
+        return False
+    if torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return False
+    return all(t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride() if s != 1)
+               for t in tensors)
+
+
+def pruner(table: dict):
+    """An ``early_config_prune`` keeping the table's configs for this head dim that this call can use."""
+    def prune(configs: list, named_args: dict, **kwargs) -> list:
+        head_dim, scale_rows = kwargs["HEAD_DIM"], kwargs.get("SCALE_ROWS", 0)
+        mine = [c for c in configs if any(c is t for t in table[head_dim])]
+        if any(c.kwargs.get("USE_TMA") for c in mine) and not _tma_ok(named_args):
+            mine = [c for c in mine if not c.kwargs.get("USE_TMA")]
+        if scale_rows:  # an fp8 tile must lie inside one scale block
+            mine = [c for c in mine if scale_rows % c.kwargs["BLOCK_M"] == 0 and scale_rows % c.kwargs["BLOCK_N"] == 0]
+        if not mine:
+            raise ValueError(f"no kernel config fits HEAD_DIM={head_dim}, SCALE_ROWS={scale_rows}")
+        return mine
+    return prune
