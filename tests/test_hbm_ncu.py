@@ -97,6 +97,8 @@ def test_profile_command_profiles_only_the_tagged_calls(tmp_path):
         assert flag in text
     assert cmd[cmd.index("--metrics") + 1] == "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"
     assert cmd[-3:] == ["python3", "-m", "app"]
+    bare = ncu.profile_command(ncu.NcuSettings(nvtx_include=""), "ncu", tmp_path / "r", tmp_path / "log", ["app"])
+    assert "--nvtx-include" not in bare and "--nvtx" in bare  # --nvtx stays: the rename needs the ranges
     imported = ncu.import_command("/opt/ncu", tmp_path / "r.ncu-rep", rename=True)
     assert imported[-2:] == ["--print-nvtx-rename", "kernel"] and "--print-units" in imported
     assert ncu.range_tag(A, "flex") == f"attnbench-hbm:{A}:flex"

@@ -43,6 +43,9 @@ FAKE_NCU = textwrap.dedent(f"""\
     open(log, "w").write(os.environ.get("FAKE_NCU_LOG", "==PROF== Connected to process 1\\n"))
     if os.environ.get("FAKE_NCU_SKIP_APP"):
         sys.exit(1)
+    if os.environ.get("FAKE_NCU_HANG"):
+        import time
+        time.sleep(600)
     open(export + ".ncu-rep", "w").write("stand-in report")
     if not os.environ.get("FAKE_NCU_CRASH_MARKER"):
         sys.exit(subprocess.call(app))
@@ -139,6 +142,17 @@ def test_counters_not_permitted_make_every_row_unavailable(fake_ncu, tmp_path, m
     measured = profile_pairs([(CASE, b) for b in BACKENDS], options(), fake_ncu, tmp_path / "w", log=lambda s: None)
     assert {m.status for m in measured.values()} == {"unavailable"}
     assert all("ERR_NVGPUCTRPERM" in m.reason for m in measured.values())
+
+
+def test_a_hung_profiler_is_killed_at_the_timeout(fake_ncu, tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("FAKE_NCU_HANG", "1")
+    start = time.monotonic()
+    measured = profile_pairs([(CASE, "eager")], options(timeout_s=1), fake_ncu, tmp_path / "w", log=lambda s: None)
+    assert time.monotonic() - start < 60
+    (m,) = measured.values()
+    assert m.status == "error" and m.reason.startswith("ncu process timed out after 1 s")
 
 
 def test_blockers_name_the_reason():

@@ -64,14 +64,20 @@ def test_measured_decode_rows_are_checked_per_cached_token():
     hbm = pd.DataFrame([{**case.fields(), "case_id": case.case_id, "backend": "sdpa-flash", "status": "ok",
                          "reason": "", "bytes_read": 1.01 * kv, "ms_median": 0.2, "time_status": "ok",
                          "peak_bytes_per_s": 4e12},
+                        {**case.fields(), "case_id": case.case_id, "backend": "flashinfer-fp8kv", "status": "ok",
+                         "compute_dtype": "fp8", "reason": "", "bytes_read": 0.51 * kv, "ms_median": 0.1,
+                         "time_status": "ok", "peak_bytes_per_s": 4e12},
                         {**case.fields(), "case_id": case.case_id, "backend": "sdpa-efficient",
                          "status": "unsupported", "reason": "No available kernel", "bytes_read": float("nan"),
                          "ms_median": float("nan"), "time_status": "unsupported", "peak_bytes_per_s": 4e12}])
-    ok, refused = kv_measured_table(hbm)
+    ok, fp8, refused = kv_measured_table(hbm)
     assert ok["bytes_per_token_layer"] == 2 * 8 * 128 * 2 == 4096
     assert ok["ratio_measured_formula"] == pytest.approx(1.01)
     assert ok["decode_us_per_token"] == pytest.approx(200 / 16)
     assert ok["frac_of_bw"] == pytest.approx(kv / 0.2e-3 / 4e12)
+    # an fp8-KV backend is held against the fp8 formula: 2 * 8 * 128 * 1 bytes per token per layer
+    assert fp8["dtype"] == "fp8" and fp8["bytes_per_token_layer"] == 2048
+    assert fp8["ratio_measured_formula"] == pytest.approx(1.02)
     assert refused["status"] == "unsupported" and refused["reason"] == "No available kernel"
     assert refused["ratio_measured_formula"] != refused["ratio_measured_formula"]  # NaN
 

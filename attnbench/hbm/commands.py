@@ -1,11 +1,13 @@
 """``attnbench hbm | ledger | hbm-figures``: the hbm stage's subcommands (listed in cli.COMMAND_MODULES).
 
   hbm          time and ncu-profile one group of the config's ``hbm.groups`` into a parquet file
+  hbm-table    merge hbm job files into one table
   ledger       KV bytes/token per layout (+ measured decode check) and attention bytes per training step
   hbm-figures  ratio bars, roofline and ledger charts from those two tables
 """
 from __future__ import annotations
 
+import signal
 import sys
 
 import pandas as pd
@@ -20,6 +22,7 @@ def _cmd_hbm(args) -> int:
     from attnbench.hbm.stage import HbmOptions, frame, run_hbm
     from attnbench.kernels.registry import get_backend
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so a running ncu process group is killed
     config = load_config(args.config)
     device, why = resolve_device(config)
     plan = hbm_plan(config)
@@ -47,6 +50,21 @@ def _cmd_hbm(args) -> int:
     df = frame(pd.concat(frames, ignore_index=True).to_dict("records"))
     write_atomic(df, args.out)
     print(f"wrote {len(df)} rows ({(df.status == 'ok').sum()} measured) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_table(args) -> int:
+    from attnbench.bench.results import validate_rows, write_atomic
+    from attnbench.hbm.stage import frame
+
+    parts = []
+    for path in args.parts:
+        df = pd.read_parquet(path)
+        validate_rows(df, path)
+        parts.append(df)
+    df = frame(pd.concat(parts, ignore_index=True).to_dict("records"))
+    write_atomic(df, args.out)
+    print(f"wrote {len(df)} rows from {len(parts)} files to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -93,6 +111,11 @@ def add_commands(sub) -> None:
     p.add_argument("--workdir", help="keep ncu plans, logs and reports under this folder")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_hbm)
+
+    p = sub.add_parser("hbm-table", help="merge hbm job files into one table")
+    p.add_argument("--out", required=True)
+    p.add_argument("parts", nargs="+", help="parquet files written by attnbench hbm")
+    p.set_defaults(func=_cmd_table)
 
     p = sub.add_parser("ledger", help="KV bytes/token per layout and attention bytes per training step")
     p.add_argument("--config", help="config whose hbm.ledger gives the model shape; default: the schema's")

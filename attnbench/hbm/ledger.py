@@ -141,7 +141,11 @@ def kv_measured_table(hbm: pd.DataFrame) -> list[dict]:
     for r in decode.to_dict("records"):
         case = _case_of(r)
         tokens = case.batch * case.seq_kv
-        formula = conventions.kv_cache_bytes(case) / tokens  # per token per layer: one layer's cache
+        # an fp8 backend (e.g. flashinfer-fp8kv) caches K and V in fp8 whatever the case dtype
+        kv_dtype = "fp8" if _text(r.get("compute_dtype")) == "fp8" else case.dtype
+        kv_bytes = conventions.kv_cache_bytes(case) / conventions.ELEMENT_BYTES[case.dtype] * \
+            conventions.ELEMENT_BYTES[kv_dtype]
+        formula = kv_bytes / tokens  # per token per layer: one layer's cache
         ok = r["status"] == "ok"
         ms = r.get("ms_median", float("nan"))
         timed = _text(r.get("time_status")) in ("ok", "numerics_fail") and pd.notna(ms)
@@ -151,10 +155,11 @@ def kv_measured_table(hbm: pd.DataFrame) -> list[dict]:
             note = (f"harness inputs keep V as a copy of the latent's first d_c={case.head_dim_v} dims; a backend "
                     f"reading K and V moves {(case.head_dim_qk + case.head_dim_v) / case.head_dim_qk:.2f}x the latent")
         rows.append(dict(
-            table="kv_measured", name=_name(case), layout=case.layout, variant="absorbed" if case.layout == "mla" else "",
-            dtype=case.dtype, heads_q=case.heads_q, heads_kv=case.heads_kv, head_dim_qk=case.head_dim_qk,
+            table="kv_measured", name=_name(case), layout=case.layout,
+            variant="absorbed" if case.layout == "mla" else "",
+            dtype=kv_dtype, heads_q=case.heads_q, heads_kv=case.heads_kv, head_dim_qk=case.head_dim_qk,
             head_dim_v=case.head_dim_v, bytes_per_token_layer=formula,
-            elements_per_token_layer=formula / conventions.ELEMENT_BYTES[case.dtype], context=case.seq_kv,
+            elements_per_token_layer=formula / conventions.ELEMENT_BYTES[kv_dtype], context=case.seq_kv,
             backend=r["backend"], case_id=r["case_id"], batch=case.batch, seq_kv=case.seq_kv, status=r["status"],
             reason=_text(r.get("reason")),
             bytes_read=r.get("bytes_read") if ok else float("nan"),
@@ -162,7 +167,7 @@ def kv_measured_table(hbm: pd.DataFrame) -> list[dict]:
             ratio_measured_formula=r["bytes_read"] / tokens / formula if ok else float("nan"),
             decode_ms_per_step=ms if timed else float("nan"),
             decode_us_per_token=ms * 1e3 / case.batch if timed else float("nan"),
-            frac_of_bw=(conventions.kv_cache_bytes(case) / (ms / 1e3) / peak_bw
+            frac_of_bw=(kv_bytes / (ms / 1e3) / peak_bw
                         if timed and pd.notna(peak_bw) and peak_bw > 0 else float("nan")),
             note=note))
     return rows

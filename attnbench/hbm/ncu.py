@@ -5,6 +5,7 @@ Collection (Nsight Compute CLI guide: "Profile from start", "NVTX Filtering")::
     ncu --export R --force-overwrite --log-file L --target-processes application-only
         --profile-from-start off             # only kernels between cudaProfilerStart/Stop ...
         --nvtx --nvtx-include attnbench-hbm/ # ... that also sit inside the push/pop range "attnbench-hbm"
+                                             #     (NVTX filter syntax: "A/" a push/pop range anywhere in the stack)
         --clock-control none --cache-control all
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,...   python -m attnbench.hbm.profile ...
 
@@ -60,6 +61,7 @@ class NcuSettings:
     extra_metrics: tuple[str, ...] = ("gpu__time_duration.sum",)
     clock_control: str = "none"
     cache_control: str = "all"
+    nvtx_include: str = RANGE + "/"  # "" leaves selection to cudaProfilerStart/Stop alone
 
     @property
     def metrics(self) -> list[str]:
@@ -69,7 +71,7 @@ class NcuSettings:
     def from_config(section: dict) -> "NcuSettings":
         return NcuSettings(ncu=section["ncu"], read_metric=section["read_metric"], write_metric=section["write_metric"],
                            extra_metrics=tuple(section["extra_metrics"]), clock_control=section["clock_control"],
-                           cache_control=section["cache_control"])
+                           cache_control=section["cache_control"], nvtx_include=section["nvtx_include"])
 
 
 def range_tag(case_id: str, backend: str) -> str:
@@ -98,9 +100,9 @@ def ncu_version(path: str) -> str:
 
 def profile_command(settings: NcuSettings, ncu_path: str, report: Path, log_file: Path, app: list[str]) -> list[str]:
     """The ncu command that profiles only the timed calls of ``app`` (see the module docstring)."""
+    include = ["--nvtx-include", settings.nvtx_include] if settings.nvtx_include else []
     return [ncu_path, "--export", str(report), "--force-overwrite", "--log-file", str(log_file),
-            "--target-processes", "application-only", "--profile-from-start", "off",
-            "--nvtx", "--nvtx-include", f"{RANGE}/",
+            "--target-processes", "application-only", "--profile-from-start", "off", "--nvtx", *include,
             "--clock-control", settings.clock_control, "--cache-control", settings.cache_control,
             "--metrics", ",".join(settings.metrics), *app]
 

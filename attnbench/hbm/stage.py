@@ -51,7 +51,7 @@ HBM_COLUMNS: dict[str, tuple[str, str]] = {
     "frac_of_peak_measured": ("number", "achieved FLOP/s over the roofline at the measured intensity"),
     "n_kernels_profiled": ("integer", "kernels ncu profiled inside the call's NVTX range"),
     "kernels_profiled": ("string", "their names, ';'-joined, in launch order"),
-    "kernels_by_order": ("integer", "of those, kernels attributed by launch order (their innermost NVTX range was not ours)"),
+    "kernels_by_order": ("integer", "of those, kernels attributed by launch order (innermost NVTX range not ours)"),
     "time_status": ("string", "status of the timing the row's ms_median comes from, or none"),
     "time_source": ("string", "where ms_median comes from: microbench:<file>, in-process, or none"),
     "ncu_version": ("string", "Nsight Compute version"),
@@ -125,15 +125,21 @@ def _read_events(path: Path) -> list[dict]:
 
 
 def _run_killable(cmd: list[str], timeout_s: float, stdout_path: Path) -> str:
-    """Run ``cmd`` in its own process group; on timeout kill that group. Returns the exit code or 'timeout'."""
+    """Run ``cmd`` in its own process group (ncu and the profiled child); returns the exit code or 'timeout'.
+
+    The group is killed on timeout and whenever this process stops waiting (an exception, or
+    SystemExit from the SIGTERM handler ``attnbench hbm`` installs), so no profiler outlives its job.
+    """
     with open(stdout_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             return str(proc.wait(timeout=timeout_s))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             return "timeout"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def _import_totals(ncu_path: str, report: Path, metrics: list[str]) -> dict[tuple[str, str], ncu_cli.RangeTotals]:
