@@ -1,0 +1,47 @@
+"""Join every results file of a sweep into one validated table.
+
+Inputs are the microbench jobs' parquet files and any file a rule-based backend
+wrote (parquet, or CSV for backends that print text); each is checked against
+the results schema before it is joined, so a malformed file is a one-line
+error naming it, never a silently wrong table.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.bench.results import ResultsError, to_frame, validate_rows
+from attnbench.report.schema import validate_frame
+
+READERS = {".parquet": pd.read_parquet, ".csv": pd.read_csv}
+
+
+def read_any(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    reader = READERS.get(path.suffix)
+    if reader is None:
+        raise ResultsError(f"{path}: suffix {path.suffix!r} is not a results format; allowed: {', '.join(READERS)}")
+    if not path.is_file():
+        raise ResultsError(f"{path}: results file does not exist")
+    return reader(path)
+
+
+def load_results(paths: list[str | Path]) -> pd.DataFrame:
+    """Validate each file, then concatenate in :data:`COLUMNS` order; (case_id, backend) must be unique."""
+    frames = []
+    for path in paths:
+        df = read_any(path)
+        validate_rows(df, str(path))
+        validate_frame(df, str(path))
+        if len(df):
+            frames.append(to_frame(df.to_dict(orient="records")))
+    if not frames:
+        raise ResultsError("no results rows in " + (", ".join(map(str, paths)) or "an empty file list"))
+    merged = pd.concat(frames, ignore_index=True)
+    dup = merged.duplicated(["case_id", "backend"], keep=False)
+    if dup.any():
+        first = merged[dup].iloc[0]
+        raise ResultsError(f"case {first.case_id} x backend {first.backend!r} appears in more than one results file; "
+                           "allowed: one row per (case, backend)")
+    return merged

@@ -1,0 +1,191 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Attention microbenchmarks
+#
+# Which attention backend is fastest for each problem shape, and whether memory bandwidth
+# or compute limits it. The pipeline renders this page from the sweep's aggregated tables
+# (`results/<sweep>/microbench.parquet` and `results/<sweep>/tables/`). To re-run it by hand:
+# `ATTNBENCH_RESULTS=results/<sweep> jupytext --to ipynb --execute workflow/notebooks/microbench.py`.
+
+# %%
+import io
+import json
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import Image, Markdown, display
+
+from attnbench.report import figures, tables
+
+RESULTS = Path(os.environ.get("ATTNBENCH_RESULTS", "results/default"))
+df = pd.read_parquet(RESULTS / "microbench.parquet")
+index = json.loads((RESULTS / "tables" / "index.json").read_text())
+ok = df[df["status"] == "ok"]
+
+
+def show(fig):
+    """Embed a figure as PNG (the HTML stays self-contained) and free it."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=figures.DPI, bbox_inches="tight")
+    plt.close(fig)
+    display(Image(buf.getvalue()))
+
+
+def table(name: str):
+    display(Markdown((RESULTS / "tables" / f"{name}.md").read_text()))
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+# %% [markdown]
+# ## At a glance
+
+# %%
+sweep = df["sweep"].mode().iloc[0]
+counts = df.groupby("status").size()
+not_run = df[df["status"].isin(["unavailable", "unsupported"])].drop_duplicates("backend")
+lines = [
+    f"**Sweep** `{sweep}` on **{tables.device_text(df)}**: {len(df)} rows "
+    f"({', '.join(f'{n} {s}' for s, n in counts.items())}) over {df['case_id'].nunique()} cases and "
+    f"{df['backend'].nunique()} backends ({', '.join(dict.fromkeys(df['backend']))}).",
+    f"**Roofline**: {tables.ceilings_text(df)}.",
+]
+ridge = (ok["peak_flops"] / ok["peak_bytes_per_s"]).median() if len(ok) else float("nan")
+if ridge == ridge:
+    lines.append(f"The ridge point is about **{ridge:.3g} FLOP/byte**: a kernel whose intensity "
+                 "(FLOPs per byte it must move) is below it can at best run at memory speed; above it, "
+                 "at matmul speed.")
+unavailable = df[df["status"] == "unavailable"].drop_duplicates("backend")
+for row in unavailable.itertuples():
+    lines.append(f"- `{row.backend}` could not run here: {row.reason}")
+display(Markdown("\n\n".join(lines)))
+
+# %% [markdown]
+# ## Who wins where, and why
+
+# %%
+def winners_text(frame: pd.DataFrame) -> list[str]:
+    """One sentence per regime: the fastest backend at the longest context, its roofline side and share."""
+    out = []
+    prefill, shape = tables.reference_slice(frame[frame["status"] == "ok"], tables.PREFILL, by_layout=False)
+    if len(prefill):
+        longest = prefill["seq_kv"].max()
+        at = prefill[prefill["seq_kv"] == longest]
+        for (mode, dtype, causal), g in at.groupby(["mode", "dtype", "causal"], observed=True):
+            best = g.sort_values("tflops", ascending=False).iloc[0]
+            rest = g[g["backend"] != best["backend"]]
+            margin = (f", {best['tflops'] / rest['tflops'].max():.2f}x the next ({rest.sort_values('tflops').iloc[-1]['backend']})"
+                      if len(rest) else "")
+            out.append(f"- **{mode}{' causal' if causal else ''} {dtype}, S={longest}** ({shape}): "
+                       f"`{best['backend']}` at {best['tflops']:.3g} TFLOP/s{margin}; {best['bound']}-bound, "
+                       f"{pct(best['frac_of_peak'])} of the roofline at its intensity "
+                       f"({best['intensity']:.3g} FLOP/B).")
+    decode, shape = tables.reference_slice(frame[frame["status"] == "ok"], ("decode",), by_layout=True)
+    if len(decode):
+        longest = decode["seq_kv"].max()
+        for (layout, dtype), g in decode[decode["seq_kv"] == longest].groupby(["layout", "dtype"], observed=True):
+            best = g.sort_values("gbps", ascending=False).iloc[0]
+            share = best["gbps"] * 1e9 / best["peak_bytes_per_s"]
+            out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): `{best['backend']}` at "
+                       f"{best['gbps']:.3g} GB/s, {pct(share)} of the measured copy bandwidth; "
+                       f"{best['bound']}-bound (intensity {best['intensity']:.3g} FLOP/B).")
+    return out
+
+
+def why_text(frame: pd.DataFrame) -> list[str]:
+    """Where each family sits against the ridge point: the reason behind the winners."""
+    out = []
+    okf = frame[frame["status"] == "ok"]
+    if okf.empty or ridge != ridge:
+        return out
+    fused = okf[~okf["backend"].isin(["eager", "sdpa-math"])]
+    for label, rows in (("Prefill (fwd, fwd_bwd) with fused kernels", fused[fused["mode"].isin(tables.PREFILL)]),
+                        ("Decode with fused kernels", fused[fused["mode"] == "decode"]),
+                        ("Eager and sdpa-math, which write the S x S score matrix to memory",
+                         okf[okf["backend"].isin(["eager", "sdpa-math"]) & okf["mode"].isin(tables.PREFILL)])):
+        if rows.empty:
+            continue
+        lo, hi = rows["intensity"].min(), rows["intensity"].max()
+        bounds = rows["bound"].value_counts()
+        side = "above" if rows["intensity"].median() > ridge else "below"
+        out.append(f"- {label}: intensity {lo:.3g}-{hi:.3g} FLOP/B, median {side} the ridge ({ridge:.3g}); "
+                   f"rows labelled " + ", ".join(f"{b} {n}" for b, n in bounds.items()) + ".")
+    out.append("- A **compute-bound** case is won by the kernel that keeps the matrix units busiest (its share of "
+               "the matmul peak); a **memory-bound** one by the kernel that moves the fewest bytes at the highest "
+               "bandwidth (fused kernels never write the scores; GQA/MQA/MLA shrink the KV cache); a "
+               "**latency-bound** one (under 20% of both ceilings) by the one with the least launch and "
+               "synchronisation overhead.")
+    return out
+
+
+display(Markdown("\n".join(winners_text(df) + [""] + why_text(df))))
+
+# %%
+show(figures.roofline(df))
+display(Markdown("*Roofline.* Each point is one (case, backend): achieved FLOP/s against arithmetic intensity "
+                 "(FLOPs over the bytes the backend's algorithm moves, `bytes_model`). Lines are the roofs of the "
+                 "ceilings measured on this host at the start of the sweep. " + tables.FLOP_CONVENTION + "."))
+
+# %% [markdown]
+# ## Throughput against context length
+
+# %%
+show(figures.throughput_vs_context(df))
+table("tflops")
+table("frac_peak")
+
+# %% [markdown]
+# ## Decode: bandwidth per head layout
+
+# %%
+show(figures.decode_bandwidth(df))
+table("decode_gbps")
+
+# %% [markdown]
+# ## Numerical error against fp64
+
+# %%
+show(figures.error_ratio(df))
+table("err_ratio")
+
+# %% [markdown]
+# ## Every case's winner
+
+# %%
+wins = pd.read_csv(RESULTS / "tables" / "winners.csv")
+if "winner" in wins:
+    summary = wins.groupby(["mode", "bound", "winner"]).size().rename("cases won").reset_index()
+    display(Markdown("Cases won per backend and roofline side:\n\n" + summary.to_markdown(index=False)))
+table("winners")
+
+# %% [markdown]
+# ## Rows per backend and status
+
+# %%
+table("status")
+
+# %% [markdown]
+# ## Provenance
+
+# %%
+fields = ["device_name", "driver", "torch_version", "cuda_version", "cudnn_version", "triton_version",
+          "python_version", "git_sha", "host"]
+prov = df[fields].astype("string").fillna("").drop_duplicates()
+display(Markdown(prov.to_markdown(index=False)))
+display(Markdown(f"Measured {df['timestamp'].min()} to {df['timestamp'].max()} (UTC)."))
