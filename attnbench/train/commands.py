@@ -5,7 +5,7 @@
       experiment plans (``attnbench experiment list`` prints the names); resumes a
       killed run from its checkpoint, skips a finished one
   attnbench experiment list   --config FILE [--name EXP]
-  attnbench experiment run    --config FILE --name EXP --out DIR
+  attnbench experiment run    --config FILE --name EXP --out DIR [--ceilings FILE] [--threads N]
   attnbench experiment report --name EXP --in DIR --out DIR
 """
 from __future__ import annotations
@@ -22,8 +22,19 @@ def _setup(args) -> tuple[dict, str]:
     config = load_config(args.config)
     device = resolve_device(config)[0] if not args.device else args.device
     if device == "cpu":
-        torch.set_num_threads(config["pretrain"]["threads"])
+        torch.set_num_threads(args.threads or config["pretrain"]["threads"])
     return config, device
+
+
+def _peak_cache(args) -> dict:
+    """Matmul ceilings per dtype from ``--ceilings`` (``attnbench ceilings``), else measured when first needed."""
+    if not args.ceilings:
+        return {}
+    from attnbench.bench.ceilings import Ceilings
+    from attnbench.train.precision import PRECISIONS, get_precision
+
+    ceilings = Ceilings.load(args.ceilings)
+    return {d: ceilings.peak_flops(d) for d in {get_precision(p).matmul_dtype for p in PRECISIONS}}
 
 
 def _find_run(config: dict, name: str, device: str):
@@ -50,7 +61,7 @@ def _cmd_train(args) -> int:
 
     config, device = _setup(args)
     spec = _find_run(config, args.run, device)
-    peak = peak_flops_for(device, get_precision(spec.train.precision).matmul_dtype, {})
+    peak = peak_flops_for(device, get_precision(spec.train.precision).matmul_dtype, _peak_cache(args))
     summary = train(spec, args.out, device, peak_flops=peak, progress=not args.no_progress)
     keys = ("run", "status", "reason", "steps_done", "final_val_loss", "spike_score_loss", "spike_score_grad",
             "nonfinite_steps", "tokens_per_s", "mfu")
@@ -73,7 +84,8 @@ def _cmd_experiment(args) -> int:
             for spec in ex.plan(config, name, device):
                 print(spec.name)
         return 0
-    frames = ex.run_experiment(config, args.name, args.out, device, progress=not args.no_progress)
+    frames = ex.run_experiment(config, args.name, args.out, device, progress=not args.no_progress,
+                               peak_cache=_peak_cache(args))
     runs = frames["runs"]
     cols = [c for c in ("run", "status", "final_val_loss", "spike_score_loss", "tokens_per_s", "mfu") if c in runs]
     print(runs[cols].to_string(index=False), file=sys.stderr)
@@ -87,8 +99,7 @@ def add_commands(sub) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--run", required=True, help="base, or <experiment>/<run> (attnbench experiment list)")
     p.add_argument("--out", required=True, help="the run directory")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: the config's device")
-    p.add_argument("--no-progress", action="store_true")
+    _common(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("experiment", help="plan, run or report a pretraining experiment")
@@ -97,9 +108,15 @@ def add_commands(sub) -> None:
     p.add_argument("--name", choices=EXPERIMENTS)
     p.add_argument("--out", help="run: the experiment directory; report: the folder for tables/ and figures/")
     p.add_argument("--in", dest="input", help="report: the experiment directory that run wrote")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: the config's device")
-    p.add_argument("--no-progress", action="store_true")
+    _common(p)
     p.set_defaults(func=_check_experiment_args)
+
+
+def _common(p) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: the config's device")
+    p.add_argument("--ceilings", help="ceilings JSON (attnbench ceilings) for MFU; default: measure the matmul rate")
+    p.add_argument("--threads", type=int, help="torch CPU threads; default: pretrain.threads")
+    p.add_argument("--no-progress", action="store_true")
 
 
 def _check_experiment_args(args) -> int:

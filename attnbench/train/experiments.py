@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import math
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +89,8 @@ def _spec(name: str, model: GPTConfig, tcfg: TrainConfig, data: DataConfig, expe
 def _plan_divergence(model, tcfg, data, exp) -> list[RunSpec]:
     ref_backend, *others = exp["backends"]
     seed, swap_seed = exp["seeds"]
-    ref_train = dataclasses.replace(tcfg, precision=exp["precision"], seed=seed,
+    # Uncompiled: Inductor rewrites eager attention into SDPA patterns, which would blur the kernel swap.
+    ref_train = dataclasses.replace(tcfg, precision=exp["precision"], seed=seed, compile=False,
                                     snapshot_steps=_snapshot_steps(tcfg.steps, exp["snapshots"]))
     ref_model = dataclasses.replace(model, backend=ref_backend)
     runs = [_spec("reference", ref_model, ref_train, data, "divergence", swap="reference", variant=ref_backend)]
@@ -125,8 +127,11 @@ def _plan_layouts(model, tcfg, data, exp) -> list[RunSpec]:
         values = {**model.to_dict(), "layout": over.get("layout", name), "n_kv_heads": None, "d_ff": model.d_ff,
                   "backend": exp["backend"], **over}
         configs[name] = GPTConfig.from_dict(values)
-    if exp["match_params"]:
-        target = count_params(next(iter(configs.values())))
+    if exp["match_params"]:  # a named reference: config mappings may come back key-sorted
+        if exp["reference"] not in configs:
+            raise ConfigError(f"pretrain.experiments.layouts.reference={exp['reference']!r} is not one of the "
+                              f"layouts; allowed: {', '.join(configs)}")
+        target = count_params(configs[exp["reference"]])
         configs = {n: match_params(c, target) for n, c in configs.items()}
     return [_spec(n, c, tcfg, data, "layouts", variant=n) for n, c in configs.items()]
 
@@ -164,7 +169,12 @@ def run_experiment(config: dict, name: str, out_dir: str | Path, device: str, *,
         precision = get_precision(spec.train.precision)
         peak = peak_flops_for(device, precision.matmul_dtype, cache)
         print(f"attnbench experiment {name}: {spec.name}", file=sys.stderr, flush=True)
-        summary = train(spec, run_dir(out, spec), device, peak_flops=peak, progress=progress)
+        try:
+            summary = train(spec, run_dir(out, spec), device, peak_flops=peak, progress=progress)
+        except Exception as err:  # one failing run (OOM, a compile error) is a row, not the end of the sweep
+            traceback.print_exc()
+            summary = {"run": spec.name, **spec.tags, "status": "error",
+                       "reason": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"}
         summaries.append(summary)
         path = run_dir(out, spec) / "steps.parquet"
         if path.is_file():

@@ -20,6 +20,10 @@ from attnbench.report.tables import Table, fmt  # noqa: E402
 from attnbench.train import experiments as ex  # noqa: E402
 
 DPI = 110
+# Tables each experiment writes (always, so workflow rules can declare them); the figure is <experiment>.png.
+OUTPUTS = {"divergence": ("divergence", "divergence_numerics"), "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity"),
+           "fp8": ("fp8", "fp8_scales"), "layouts": ("layouts",)}
+TABLE_FORMATS = ("md", "tex", "csv")
 
 
 def _table(name: str, caption: str, values: pd.DataFrame) -> Table:
@@ -42,6 +46,11 @@ def _spike_note(runs: pd.DataFrame) -> str:
             "steps (OLMo 2 uses 1000; shortened for short runs).")
 
 
+def _nothing(note: str) -> pd.DataFrame:
+    """A one-cell table that says why it is empty (declared outputs always exist)."""
+    return pd.DataFrame({"note": [note]})
+
+
 def _empty_figure(title: str, note: str) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(6, 2))
     ax.axis("off")
@@ -60,12 +69,12 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
                      "rel_l2 = ||a-b||/||a||; wasserstein = W1 of the weight distributions; rel_l2_over_kernel_swap = rel_l2 "
                      f"over the largest kernel-swap rel_l2. {_device(runs)}.",
                      final.set_index(["swap", "variant"]).drop(columns=["run"], errors="ignore"))]
-    if len(num):
-        keep = [c for c in ("backend", "dtype", "status", "out_rel_err", "out_max_abs", "dq_rel_err", "dk_rel_err",
-                            "dv_rel_err", "reason") if c in num]
-        tables.append(_table("divergence_numerics", "Attention output and gradient error against fp64 at the "
-                             f"model's attention shape ({num['case'].iloc[0]}); same inputs for every backend.",
-                             num[keep].set_index(["backend", "dtype"])))
+    keep = [c for c in ("backend", "dtype", "status", "out_rel_err", "out_max_abs", "dq_rel_err", "dk_rel_err",
+                        "dv_rel_err", "reason") if c in num]
+    shape = num["case"].iloc[0] if len(num) else "none ran"
+    tables.append(_table("divergence_numerics", "Attention output and gradient error against fp64 at the model's "
+                         f"attention shape ({shape}); same inputs for every backend.",
+                         num[keep].set_index(["backend", "dtype"]) if len(num) else _nothing("no backend ran")))
     if div.empty:
         return tables, _empty_figure("Weight divergence", "no snapshots to compare")
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -113,10 +122,11 @@ def fp8_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     tables = [_table("fp8", "FP8 recipes against bf16: loss gap (final val loss minus the first row's), spike "
                      "scores; emulated runs claim no speed. " + _spike_note(runs) + f" {_device(runs)}.",
                      frame[main].set_index("precision"))]
-    if len(long):
-        tables.append(_table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor "
-                             "(fp8_<recipe>_<act|weight|grad>_<amax|scale_log2|overflow|underflow>), measured on "
-                             "each run's own tensors (attnbench.train.precision).", long.set_index("column")))
+    if long.empty:
+        long = _nothing("no run logged FP8 statistics").reset_index().rename(columns={"index": "column"})
+    tables.append(_table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor "
+                         "(fp8_<recipe>_<act|weight|grad>_<amax|scale_log2|overflow|underflow>), measured on "
+                         "each run's own tensors (attnbench.train.precision).", long.set_index("column")))
     ok = steps.dropna(subset=["loss"]) if len(steps) else steps
     if ok.empty:
         return tables, _empty_figure("FP8 recipes", "no run trained")

@@ -304,11 +304,13 @@ class Run:
 
 
 def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops: float | None = None,
-          progress: bool = True, stop_after: int | None = None) -> dict:
+          progress: bool = True, stop_after: int | None = None, deadline: float | None = None) -> dict:
     """Train ``spec`` into ``out_dir`` (resuming if a checkpoint is there); return the summary.
 
     ``stop_after`` ends the process's work after that many steps without a summary,
     as a kill would (tests use it to check that resuming repeats the trajectory).
+    ``deadline`` (a ``time.monotonic()`` value) ends the run early with status
+    ``truncated`` and a full summary of the steps done, for time-boxed sweeps.
     ``peak_flops`` is the measured matmul ceiling for this precision (MFU is NaN without it).
     """
     out = Path(out_dir)
@@ -316,7 +318,7 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
     summary_path = out / "summary.json"
     if summary_path.is_file():
         done = json.loads(summary_path.read_text())
-        if done.get("config_hash") == spec.config_hash:
+        if done.get("config_hash") == spec.config_hash and done.get("status") != "truncated":
             return done
     _write_json({**spec.to_dict(), "config_hash": spec.config_hash}, out / "run.json")
     started = time.perf_counter()
@@ -361,6 +363,9 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
         if counters["consecutive_nonfinite"] >= spec.train.max_nonfinite:
             status, reason = "diverged", f"{spec.train.max_nonfinite} consecutive non-finite steps at step {step}"
             break
+        if deadline is not None and time.monotonic() > deadline and updates < spec.train.steps:
+            status, reason = "truncated", f"time budget reached after {updates} of {spec.train.steps} steps"
+            break
         if spec.train.ckpt_every and updates % spec.train.ckpt_every == 0 and updates < spec.train.steps:
             _atomic_save(run.state(updates, rows, counters), ckpt_path)
     frame = pd.DataFrame(rows)
@@ -376,7 +381,9 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
                "wall_s": time.perf_counter() - started, **_provenance(device)}
     _write_json(summary, summary_path)
     _atomic_save({k: v.detach().cpu() for k, v in run.model.state_dict().items()}, out / "final.pt")
-    if ckpt_path.is_file():
+    if status == "truncated":  # a later call with more time resumes here
+        _atomic_save(run.state(rows[-1]["step"] + 1, rows, counters), ckpt_path)
+    elif ckpt_path.is_file():
         ckpt_path.unlink()
     if run.recorder:
         run.recorder.remove()

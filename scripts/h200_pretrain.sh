@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Pretraining experiments at GPU scale on one H200 (issue 7), compact enough for ~6 minutes:
+#   a. divergence: kernel swap (sdpa-math reference vs sdpa-flash, sdpa-cudnn) vs seed swap vs fp16-vs-fp32,
+#      weight divergence at snapshots, plus each backend's attention error against fp64 at the model's shape
+#   d. layouts mha/gqa/mqa/mla at matched parameters, compiled, fastest backend per layout (bf16)
+#   b. LR sensitivity at 3 LRs, baseline vs qk-layernorm + z-loss 1e-4 (bf16, uncompiled)
+# Model: pretrain.cuda of the default config (~10.7M parameters: 6 layers, 6 heads, 384 wide), byte-level
+# Shakespeare, seq 256, batch 64. MFU uses the matmul rate measured here (attnbench.bench.ceilings).
+# Every run is guarded (an error is a row) and time-boxed (a run past the budget is `truncated`).
+# Writes $OUT/pretrain_steps.parquet, $OUT/pretrain_runs.parquet, $OUT/pretrain_divergence.parquet
+# (weight divergence and fp64 numerics rows, column `table`), and prints a summary table last.
+# usage (on the GPU host, from the repository root): ATTNBENCH_GIT_SHA=<sha> OUT=<dir> bash scripts/h200_pretrain.sh
+set -uo pipefail
+OUT=${OUT:-results/h200-pretrain}
+WORK=${WORK:-/tmp/attnbench-h200-pretrain}
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true
+python3 - "$OUT" "$WORK" "${BUDGET_S:-330}" "${STEPS:-400}" <<'PY'
+import dataclasses, math, sys, time, traceback
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+start = time.monotonic()
+out, work, budget, steps = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+deadline = start + budget
+from attnbench.config import load_config
+from attnbench.train import experiments as ex
+from attnbench.train.loop import train
+from attnbench.train.precision import get_precision
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in the precision swap
+config = load_config("config/config.yaml")
+compact = {  # the committed GPU-scale settings, shortened to fit the budget
+    "train": {"steps": steps, "warmup_steps": max(10, steps // 20), "eval_every": max(1, steps // 4),
+              "eval_batches": 8, "probe_every": 10, "ckpt_every": 0,
+              # flex compiles per shape (tens of seconds) and sdpa-math is never the fastest: left out of `auto`
+              "backend_candidates": ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient"]},
+    "experiments": {"divergence": {"backends": ["sdpa-math", "sdpa-flash", "sdpa-cudnn"], "snapshots": 4},
+                    "lr_sensitivity": {"lrs": [0.001, 0.01, 0.1]}},
+}
+config["pretrain"]["cuda"] = ex.deep_merge(config["pretrain"]["cuda"], compact)
+if device == "cpu":  # a smoke run of this script without a GPU: the CPU-sized model, a few steps
+    config["pretrain"]["train"].update(steps=min(steps, 20), eval_every=10, probe_every=5)
+    config["pretrain"]["experiments"]["lr_sensitivity"]["lrs"] = [0.001, 0.01, 0.1]
+print(f"device {device}, budget {budget:.0f}s, {steps} steps per run", flush=True)
+
+peaks, summaries, steps_frames, extra = {}, [], [], []
+plans = {}
+for name, compiled in (("divergence", False), ("lr_sensitivity", False), ("layouts", True)):
+    try:
+        plans[name] = [dataclasses.replace(s, train=dataclasses.replace(s.train, compile=compiled and device == "cuda"))
+                       for s in ex.plan(config, name, device)]
+    except Exception as err:
+        traceback.print_exc()
+        summaries.append({"run": name, "experiment": name, "status": "error", "reason": f"plan: {err}"})
+
+
+def run(name, spec):
+    left = deadline - time.monotonic()
+    if left < 15:
+        summaries.append({"run": spec.name, **spec.tags, "status": "skipped", "reason": "out of time budget"})
+        return
+    try:
+        dtype = get_precision(spec.train.precision).matmul_dtype
+        peak = ex.peak_flops_for(device, dtype, peaks)
+        t0 = time.monotonic()
+        try:
+            s = train(spec, ex.run_dir(work / name, spec), device, peak_flops=peak, progress=False,
+                      deadline=deadline - 5)
+        except Exception:
+            if not spec.train.compile:
+                raise
+            traceback.print_exc()
+            print(f"{spec.name}: compiled run failed; running it uncompiled", flush=True)
+            spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile=False))
+            s = train(spec, ex.run_dir(work / name, spec), device, peak_flops=peak, progress=False,
+                      deadline=deadline - 5)
+        summaries.append(s)
+        path = ex.run_dir(work / name, spec) / "steps.parquet"
+        if path.is_file():
+            steps_frames.append(pd.read_parquet(path).assign(**{k: str(v) for k, v in spec.tags.items()}))
+        print(f"{spec.name}: {s.get('status')} {time.monotonic() - t0:.0f}s val {s.get('final_val_loss', float('nan')):.3f} "
+              f"tok/s {s.get('tokens_per_s', float('nan')):.0f} mfu {s.get('mfu', float('nan')):.3f} {s.get('reason', '')}",
+              flush=True)
+    except Exception as err:
+        traceback.print_exc()
+        summaries.append({"run": spec.name, **spec.tags, "status": "error",
+                          "reason": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"})
+
+
+# divergence first (it needs all its runs), then layouts, then LRs (both variants at one LR before the next)
+for spec in plans.get("divergence", []):
+    run("divergence", spec)
+for spec in plans.get("layouts", []):
+    run("layouts", spec)
+for spec in sorted(plans.get("lr_sensitivity", []), key=lambda s: (s.train.lr, s.tags["variant"])):
+    run("lr_sensitivity", spec)
+try:
+    div = ex.divergence_frame(plans["divergence"], work / "divergence")
+    extra.append(div.assign(table="weight_divergence"))
+except Exception:
+    traceback.print_exc()
+try:
+    extra.append(ex.numerics_frame(config, device).assign(table="numerics_vs_fp64"))
+except Exception:
+    traceback.print_exc()
+
+runs = pd.DataFrame(summaries)
+runs.to_parquet(out / "pretrain_runs.parquet", index=False)
+if steps_frames:
+    pd.concat(steps_frames, ignore_index=True).to_parquet(out / "pretrain_steps.parquet", index=False)
+if extra:
+    pd.concat(extra, ignore_index=True).to_parquet(out / "pretrain_divergence.parquet", index=False)
+pd.set_option("display.width", 220)
+for frame in extra:
+    if len(frame):
+        cols = [c for c in ("table", "variant", "backend", "dtype", "step", "max_abs", "rel_l2", "wasserstein",
+                            "out_rel_err", "dq_rel_err", "status") if c in frame]
+        last = frame.sort_values("step").groupby("run").tail(1) if "step" in frame else frame
+        print(last[cols].to_string(index=False))
+cols = [c for c in ("run", "status", "backend", "params", "steps_done", "final_val_loss", "max_attention_logit",
+                    "spike_score_loss", "tokens_per_s", "mfu", "kv_bytes_per_token_bf16") if c in runs]
+print(f"total {time.monotonic() - start:.0f}s")
+print(runs[cols].to_string(index=False))
+PY

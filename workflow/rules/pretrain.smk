@@ -1,0 +1,63 @@
+# Pretraining experiments (docs/training.md): one `attnbench experiment run` job per experiment
+# (divergence, lr_sensitivity, fp8, layouts), each training its runs in one process (finished runs are
+# kept, killed ones resume from their checkpoints), then its paper-style tables and figure under
+# results/<sweep>/pretrain/{tables,figures}. CPU-sized by default; `pretrain.cuda` scales it on a GPU.
+from attnbench.train.experiments import EXPERIMENTS as PRETRAIN_EXPERIMENTS
+from attnbench.train.figures import OUTPUTS as PRETRAIN_OUTPUTS
+from attnbench.train.figures import TABLE_FORMATS as PRETRAIN_TABLE_FORMATS
+
+PRETRAIN = f"{RESULTS}/pretrain"
+
+
+def pretrain_report_files(experiment):
+    tables = [f"{PRETRAIN}/tables/{t}.{ext}" for t in PRETRAIN_OUTPUTS[experiment] for ext in PRETRAIN_TABLE_FORMATS]
+    return tables + [f"{PRETRAIN}/figures/{experiment}.png"]
+
+
+rule pretrain_experiment:
+    input:
+        config=ENV_CONFIG,
+        ceilings=CEILINGS,
+    output:
+        runs=f"{PRETRAIN}/{{experiment}}/runs.parquet",
+        steps=f"{PRETRAIN}/{{experiment}}/steps.parquet",
+    log:
+        f"{LOGS}/pretrain/{{experiment}}.log",
+    benchmark:
+        f"{BENCHMARKS}/pretrain/{{experiment}}.tsv"
+    wildcard_constraints:
+        experiment="|".join(PRETRAIN_EXPERIMENTS),
+    params:
+        lease="attnbench lease --" if ON_GPU else "",
+        folder=lambda w: f"{PRETRAIN}/{w.experiment}",
+    threads: JOB_THREADS
+    resources:
+        gpu=int(ON_GPU),
+    conda:
+        "../envs/attnbench.yaml"
+    shell:
+        "{params.lease} attnbench experiment run --config {input.config} --name {wildcards.experiment} "
+        "--out {params.folder} --ceilings {input.ceilings} --threads {threads} --no-progress > {log} 2>&1"
+
+
+for _experiment in PRETRAIN_EXPERIMENTS:
+
+    rule:
+        name:
+            f"pretrain_report_{_experiment}"
+        input:
+            runs=f"{PRETRAIN}/{_experiment}/runs.parquet",
+            steps=f"{PRETRAIN}/{_experiment}/steps.parquet",
+        output:
+            pretrain_report_files(_experiment),
+        log:
+            f"{LOGS}/pretrain/report-{_experiment}.log",
+        params:
+            experiment=_experiment,
+            folder=f"{PRETRAIN}/{_experiment}",
+        conda:
+            "../envs/attnbench.yaml"
+        shell:
+            "attnbench experiment report --name {params.experiment} --in {params.folder} --out {PRETRAIN} > {log} 2>&1"
+
+    STAGE_TARGETS.extend(pretrain_report_files(_experiment))
