@@ -97,6 +97,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "attnbench.train.commands",
     "attnbench.wheelhouse_commands",
     "attnbench.hbm.commands",
+    "attnbench.context.commands",
 )
 
 

@@ -17,9 +17,9 @@ from torch import Tensor
 
 from attnbench.context.perplexity import LanguageModel
 
-INTRO = b"Somewhere in this text is a key. Keep it in mind; you will be asked for it.\n"
+INTRO = b"Find the key in this text.\n"
 FILLER = b"The hills are quiet and the river runs on. The day is long and the road is old. "
-NEEDLE = b"\nThe key is {key}. Keep it: {key} is the key.\n"
+NEEDLE = b"\nThe key is {key}. Remember {key}.\n"
 QUESTION = b"\nWhat is the key? The key is "
 
 

@@ -44,3 +44,30 @@ def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def to_markdown(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
     return table.to_markdown(index=False, floatfmt=floatfmt)
+
+
+def cost_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (mode, backend), one column per KV length; a cell is ``ms | GiB peak | bound`` or the status."""
+    def cell(row) -> str:
+        if row["status"] != "ok":
+            return str(row["status"])
+        parts = [f"{row['ms_median']:.3g} ms"]
+        if pd.notna(row.get("peak_mem_bytes")):
+            parts.append(f"{row['peak_mem_bytes'] / 2**30:.3g} GiB")
+        if isinstance(row.get("bound"), str) and row["bound"] not in ("", "unknown"):
+            parts.append(str(row["bound"]))
+        return " | ".join(parts)
+
+    rows = df.assign(cell=df.apply(cell, axis=1))
+    table = rows.pivot_table(index=["mode", "backend"], columns="seq_kv", values="cell", aggfunc="first")
+    table.columns = [str(c) for c in table.columns]
+    return table.reset_index().fillna("")
+
+
+def rope_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method and length: building the cos/sin tables and rotating q and k (ms)."""
+    table = df.pivot_table(index="method", columns="seq", values=["tables_ms", "rotate_ms"], aggfunc="first")
+    table.columns = [f"{what} @{seq}" for what, seq in table.columns]
+    order = {m: i for i, m in enumerate(LABELS)}
+    table = table.reset_index().sort_values("method", key=lambda s: s.map(order))
+    return table.reset_index(drop=True)
