@@ -248,6 +248,8 @@ def main() -> int:
     from attnbench.bench.ceilings import measure_ceilings
     ceilings = measure_ceilings("cuda")
     ceilings.save(out / "ceilings.json")
+    import torch
+    torch.cuda.empty_cache()  # the children need the memory this process's measurement buffers cached
     _log(f"ceilings: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 {ceilings.matmul_flops_per_s.get('bf16', 0) / 1e12:.0f} TFLOP/s")
 
     for job in ("core", "absent", "flashinfer"):

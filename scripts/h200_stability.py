@@ -64,7 +64,7 @@ def main() -> int:
     start = time.time()
     for n in (1, 2):
         part = out / f".pass{n}.parquet"
-        proc = subprocess.run([sys.executable, __file__, "--pass-out", str(part)], timeout=40,
+        proc = subprocess.run([sys.executable, __file__, "--pass-out", str(part)], timeout=42,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
         if proc.returncode != 0 or not part.exists():
             print(f"pass {n} failed (exit {proc.returncode})", file=sys.stderr)

