@@ -70,7 +70,7 @@ class SDPAEfficient(_SDPA):
 class SDPACudnn(_SDPA):
     name = "sdpa-cudnn"
     sdp_backend = SDPBackend.CUDNN_ATTENTION
-    kernel_pattern = r"cudnn|sdpa|fmha|flash"
+    kernel_pattern = r"cudnn"  # e.g. cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_...
 
     def version(self) -> str:
         return f"torch {torch.__version__}, cudnn {torch.backends.cudnn.version()}"
