@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton.tuning import BWD, pruner, union
+from attnbench.kernels.triton.tuning import BWD, pruner, quick_bench, union
 
 
 @triton.jit
@@ -146,4 +146,5 @@ def _attn_bwd(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, sm_scale,
 
 
 attn_bwd = triton.autotune(union(BWD), key=["seq_q", "seq_kv", "group", "HEAD_DIM", "CAUSAL"],
-                           prune_configs_by={"early_config_prune": pruner(BWD)}, reset_to_zero=["DQ_ACC"])(_attn_bwd)
+                           prune_configs_by={"early_config_prune": pruner(BWD)}, reset_to_zero=["DQ_ACC"],
+                           do_bench=quick_bench)(_attn_bwd)

@@ -36,15 +36,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton.tuning import FP8, FWD, pruner, union
+from attnbench.kernels.triton.tuning import FP8, FWD, pruner, quick_bench, union
 
 P_SHIFT = tl.constexpr(8.0)  # fp8: P = exp2(s - m + 8), probabilities in [0, 256] inside e4m3's 448
 
 
 @triton.jit
 def _load_rows(base, offs_rows, offs_d, stride_row, stride_d, n_rows, desc, start, USE_TMA: tl.constexpr,
-               TRANSPOSED: tl.constexpr):
-    """A (rows, D) tile: zero-filled past ``n_rows``, by TMA or by masked pointer loads."""
+               TRANSPOSED: tl.constexpr, IN_RANGE: tl.constexpr):
+    """A (rows, D) tile by TMA or pointer loads; zero past ``n_rows`` unless the caller knows it ``IN_RANGE``."""
     if USE_TMA:
         if TRANSPOSED:  # stored (D, rows): the descriptor's tile is (D, BLOCK); hand back (BLOCK, D)
             tile = desc.load([0, start]).T
@@ -52,7 +52,10 @@ def _load_rows(base, offs_rows, offs_d, stride_row, stride_d, n_rows, desc, star
             tile = desc.load([start, 0])
     else:
         ptrs = base + offs_rows[:, None] * stride_row + offs_d[None, :] * stride_d
-        tile = tl.load(ptrs, mask=offs_rows[:, None] < n_rows, other=0.0)
+        if IN_RANGE:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=offs_rows[:, None] < n_rows, other=0.0)
     return tile
 
 
@@ -66,10 +69,11 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        k = _load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, seq_kv, k_desc, start_n, USE_TMA, False)
+        k = _load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, seq_kv, k_desc, start_n, USE_TMA, False, not MASKED)
         s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32
         scale = qk_scale
-        if FP8:
+        if FP8:  # this tile's scales: scalar loads issued before the matmul's result is needed
+            vs = tl.load(VS + start_n // SCALE_ROWS)
             scale = qk_scale * tl.load(KS + start_n // SCALE_ROWS)
         if MASKED:
             keep = offs_n[None, :] < seq_kv
@@ -84,20 +88,20 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
         alpha = tl.math.exp2(m_i - m_new)
         if FP8:
             p = tl.math.exp2(s + P_SHIFT)
-            vs = tl.load(VS + start_n // SCALE_ROWS)
             acc = acc * (alpha * (vs_prev / vs))[:, None]
             vs_prev = vs
         else:
             p = tl.math.exp2(s)
             acc = acc * alpha[:, None]
-        v = _load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, seq_kv, v_desc, start_n, USE_TMA, FP8)
+        v = _load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, seq_kv, v_desc, start_n, USE_TMA, FP8,
+                       not MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     return acc, l_i, m_i, vs_prev
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_scale_q", "n_scale_kv"])  # one compiled variant for every sequence length
 def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
@@ -134,7 +138,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
         else:
             v_desc = tl.make_tensor_descriptor(v_base, [seq_kv, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
         o_desc = tl.make_tensor_descriptor(o_base, [seq_q, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_DIM])
-    q = _load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, seq_q, q_desc, start_m, USE_TMA, False)
+    q = _load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, seq_q, q_desc, start_m, USE_TMA, False, False)
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): scores in log2 units
     vs_prev = 1.0
@@ -177,5 +181,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
 
 
 _KEY = ["seq_q", "seq_kv", "HEAD_DIM", "CAUSAL", "FP8"]
-attn_fwd = triton.autotune(union(FWD), key=_KEY, prune_configs_by={"early_config_prune": pruner(FWD)})(_attn_fwd)
-attn_fwd_fp8 = triton.autotune(union(FP8), key=_KEY, prune_configs_by={"early_config_prune": pruner(FP8)})(_attn_fwd)
+attn_fwd = triton.autotune(union(FWD), key=_KEY, prune_configs_by={"early_config_prune": pruner(FWD)},
+                           do_bench=quick_bench)(_attn_fwd)
+attn_fwd_fp8 = triton.autotune(union(FP8), key=_KEY, prune_configs_by={"early_config_prune": pruner(FP8)},
+                               do_bench=quick_bench)(_attn_fwd)

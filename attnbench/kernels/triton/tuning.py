@@ -50,6 +50,13 @@ else:
     FP8 = {32: _FP8, 64: _FP8, 128: _FP8}
 
 
+def quick_bench(kernel_call, quantiles):
+    """The autotuner's timer: ``do_bench`` with short warm-up and repetition (each new key times every config)."""
+    from triton.testing import do_bench
+
+    return do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+
+
 def union(table: dict) -> list:
     """Every config of a per-head-dim table once, in order (the autotuner's full list)."""
     seen: list = []
