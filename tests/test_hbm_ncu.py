@@ -106,10 +106,11 @@ def test_profile_command_profiles_only_the_tagged_calls(tmp_path):
 
 
 def test_log_problems_and_missing_ncu():
-    status, reason = ncu.log_problem("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access "
-                                     "NVIDIA GPU Performance Counters on the target device 0.")
-    assert status == "unavailable" and "ERR_NVGPUCTRPERM" in reason
-    assert ncu.log_problem("==PROF== Connected to process 1\n==PROF== Disconnected") is None
-    assert ncu.log_problem("==ERROR== Failed to profile kernel")[0] == "error"
+    reason = ncu.permission_problem("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access "
+                                    "NVIDIA GPU Performance Counters on the target device 0.")
+    assert "ERR_NVGPUCTRPERM" in reason
+    assert ncu.permission_problem("==PROF== Connected to process 1\n==PROF== Disconnected") is None
+    assert ncu.error_lines("==PROF== x\n==ERROR== Failed to profile kernel\n==ERROR== again") == \
+        "==ERROR== Failed to profile kernel | ==ERROR== again"
     assert ncu.find_ncu("ncu-that-does-not-exist") == (None, "ncu-that-does-not-exist not found on PATH "
                                                              "(install Nsight Compute or set hbm.ncu)")

@@ -63,6 +63,7 @@ FAKE_NCU = textwrap.dedent(f"""\
             cid = case_id(case)
             emit(event="start", case_id=cid, backend=backend)
             if first and i == 1:
+                open(log, "a").write("==ERROR== The application returned an error code (139).\\n")
                 sys.exit(139)
             emit(event="end", case_id=cid, backend=backend, status="ok" if first else "unavailable",
                  reason="" if first else "drill")

@@ -121,15 +121,17 @@ def report_file(base: Path) -> Path | None:
     return None
 
 
-def log_problem(text: str) -> tuple[str, str] | None:
-    """(status, reason) when ncu's log says profiling could not happen, else None."""
+def permission_problem(text: str) -> str | None:
+    """The reason when ncu's log says this host does not let it read the counters, else None."""
     if any(marker in text for marker in PERMISSION_MARKERS):
-        return "unavailable", ("ncu may not read GPU performance counters on this host (ERR_NVGPUCTRPERM); "
-                               "see https://developer.nvidia.com/ERR_NVGPUCTRPERM")
-    errors = [line.strip() for line in text.splitlines() if line.startswith("==ERROR==")]
-    if errors:
-        return "error", " | ".join(errors)[:500]
+        return ("ncu may not read GPU performance counters on this host (ERR_NVGPUCTRPERM); "
+                "see https://developer.nvidia.com/ERR_NVGPUCTRPERM")
     return None
+
+
+def error_lines(text: str) -> str:
+    """ncu's ``==ERROR==`` lines, joined: the diagnosis attached to calls that got no numbers."""
+    return " | ".join(line.strip() for line in text.splitlines() if line.startswith("==ERROR=="))[:500]
 
 
 def _number(text: str) -> float:

@@ -176,39 +176,37 @@ def _one_process(pending: list[tuple[Case, str]], options: HbmOptions, ncu_path:
     ends = {(e["case_id"], e["backend"]): e for e in events if e["event"] == "end"}
     starts = [(e["case_id"], e["backend"]) for e in events if e["event"] == "start"]
     ncu_text = ncu_log.read_text(errors="replace") if ncu_log.is_file() else ""
-    problem = ncu_cli.log_problem(ncu_text)
+    denied = ncu_cli.permission_problem(ncu_text)
+    if denied:  # nothing this host profiles can succeed
+        return {(c.case_id, b): Measured("unavailable", denied) for c, b in pending}, False
+    errors = ncu_cli.error_lines(ncu_text) or _tail(ncu_log)
 
     totals, parse_error = {}, ""
-    if any(e["status"] == "ok" for e in ends.values()) and problem is None:
+    if any(e["status"] == "ok" for e in ends.values()):
         found = ncu_cli.report_file(report)
         if found is None:
-            parse_error = f"ncu wrote no report (exit {rc}): {_tail(ncu_log)}"
+            parse_error = f"ncu wrote no report (exit {rc}): {errors}"
         else:
             try:
                 totals = _import_totals(ncu_path, found, options.settings.metrics)
             except (ncu_cli.NcuParseError, subprocess.SubprocessError, OSError) as err:
-                parse_error = str(err)[:500]
+                parse_error = f"{str(err)[:400]} | {errors}"
 
     results = {}
     for key, e in ends.items():
         if e["status"] != "ok":
             results[key] = Measured(e["status"], e["reason"])
-        elif problem:
-            results[key] = Measured(*problem)
-        elif parse_error:
-            results[key] = Measured("error", parse_error)
-        elif key not in totals:
-            results[key] = Measured("error", f"the call ran but ncu profiled no kernel inside its NVTX range "
-                                             f"(ncu exit {rc}): {_tail(ncu_log)}")
-        else:
+        elif key in totals:  # measured, even if the process failed later on
             results[key] = Measured("ok", "", totals[key])
+        elif parse_error:
+            results[key] = Measured("error", parse_error[:800])
+        else:
+            results[key] = Measured("error", f"the call ran but ncu profiled no kernel inside its NVTX range "
+                                             f"(ncu exit {rc}): {errors}"[:800])
     if starts and starts[-1] not in ends:  # the process died inside this call
         why = "timed out" if rc == "timeout" else f"died (exit {rc})"
         results[starts[-1]] = Measured("error", f"the profiling process {why} during this call: "
                                                 f"{_tail(run_dir / 'child.log')}")
-    if not results and problem:
-        for case, backend in pending:
-            results[(case.case_id, backend)] = Measured(*problem)
     return results, rc == "timeout"
 
 
@@ -251,6 +249,12 @@ def _time_rows(cases: list[Case], backends: list[str], options: HbmOptions,
                      seed=options.seed, warmup_ms=t.get("warmup_ms", 25), rep_ms=t.get("rep_ms", 100),
                      cpu_min_run_time_s=t.get("cpu_min_run_time_s", 0.2), ceilings=options.ceilings)
     rows = run_group(cases, backends, run, log)
+    import gc
+
+    import torch
+
+    gc.collect()  # the timing job's last callables hold inputs; free them before ncu's process needs the GPU
+    torch.cuda.empty_cache()
     return {(r["case_id"], r["backend"]): r for r in rows}, "in-process"
 
 
