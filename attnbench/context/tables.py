@@ -60,14 +60,14 @@ def cost_table(df: pd.DataFrame) -> pd.DataFrame:
 
     rows = df.assign(cell=df.apply(cell, axis=1))
     table = rows.pivot_table(index=["mode", "backend"], columns="seq_kv", values="cell", aggfunc="first")
-    table.columns = [str(c) for c in table.columns]
+    table.columns = [str(int(c)) for c in table.columns]
     return table.reset_index().fillna("")
 
 
 def rope_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per method and length: building the cos/sin tables and rotating q and k (ms)."""
     table = df.pivot_table(index="method", columns="seq", values=["tables_ms", "rotate_ms"], aggfunc="first")
-    table.columns = [f"{what} @{seq}" for what, seq in table.columns]
+    table.columns = [f"{what} @{int(seq)}" for what, seq in table.columns]
     order = {m: i for i, m in enumerate(LABELS)}
     table = table.reset_index().sort_values("method", key=lambda s: s.map(order))
     return table.reset_index(drop=True)
