@@ -10,6 +10,8 @@ and the bf16 ones are left to the GPU. Shapes are small and off the tile grid
 The ``gpu`` tests run the same checks at full size on CUDA.
 """
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 
@@ -287,3 +289,23 @@ def test_profiled_kernels_are_the_triton_ones():
     backend = get_backend("triton")
     names = kernel_names(backend.build(case, make_tensors(case, "cuda", seed=0)), "cuda")
     assert backend.kernels_match(names) and any("_attn_bwd" in n for n in names), names
+
+
+def test_kernels_compile_for_hopper_with_wgmma():
+    """The GPU code path, which the interpreter does not compile: sm_90 SASS from Triton's own ptxas, no GPU needed."""
+    code = ("import json, triton\n"
+            "from attnbench.kernels.triton import aot\n"
+            "cfg = triton.Config\n"
+            "rows = [aot.compile_row('fwd', 64, cfg({'BLOCK_M': 128, 'BLOCK_N': 64, 'USE_TMA': True}, num_warps=8,"
+            " num_stages=2)),\n"
+            "        aot.compile_row('bwd', 64, cfg({'BLOCK_M': 64, 'BLOCK_N': 64}, num_warps=4, num_stages=2)),\n"
+            "        aot.compile_row('fp8', 64, cfg({'BLOCK_M': 128, 'BLOCK_N': 64, 'USE_TMA': False}, num_warps=8,"
+            " num_stages=2))]\n"
+            "for row in rows: print(json.dumps(row))\n")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fwd, bwd, fp8 = (json.loads(line) for line in done.stdout.strip().splitlines())
+    assert fwd["HGMMA"] > 0 and fwd["UTMALDG"] > 0 and fwd["stack_bytes"] == 0
+    assert bwd["HGMMA"] > 0 and bwd["REDG"] > 0  # wgmma, and dQ's relaxed atomics as reductions
+    assert fp8["QGMMA"] > 0 and "HMMA" not in fp8

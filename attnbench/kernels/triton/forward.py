@@ -69,7 +69,8 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        k = _load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, seq_kv, k_desc, start_n, USE_TMA, False, not MASKED)
+        k = _load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, seq_kv, k_desc, start_n, USE_TMA, False,
+                       not MASKED)
         s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32
         scale = qk_scale
         if FP8:  # this tile's scales: scalar loads issued before the matmul's result is needed

@@ -1,0 +1,144 @@
+"""The compiler's report without a GPU: each autotuning config compiled ahead of time for an NVIDIA target.
+
+``triton.compile`` takes an explicit target (``GPUTarget("cuda", 90, 32)`` is
+Hopper) and runs ptxas from the Triton wheel, so registers, spill space,
+shared memory and the SASS instruction mix of every config can be read on a
+CPU-only host; this is how the config tables of :mod:`.tuning` were chosen.
+The signature mirrors a launch on the benchmark grid (MHA, 16 heads,
+contiguous BHSD tensors, sequence 4096): Triton specialises integer
+arguments equal to 1 as constants and marks multiples of 16 (pointers too)
+divisible by 16, and the same is done here. Resource usage comes from
+``cuobjdump -res-usage`` (``REG``: registers per thread, ``STACK``: per-thread
+stack frame, where spilled registers go), the mix from
+:func:`attnbench.kernels.triton.sass.opcode_counts`.
+
+``shared_bytes`` is the dynamic shared memory Triton allocates (pipeline buffers).
+
+usage: ``python -m attnbench.kernels.triton.aot [--arch 90] [--kinds fwd bwd fp8]``
+(use the Triton version the GPU host runs; the GPU script re-measures this on the device).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from attnbench.kernels.triton import backward, forward, tuning
+from attnbench.kernels.triton.fp8 import BLOCK_ROWS
+from attnbench.kernels.triton.sass import OPCODES, opcode_counts
+
+HEADS, SEQ = 16, 4096
+
+
+def _bhsd_strides(heads: int, seq: int, dim: int, transposed: bool = False) -> list[int]:
+    """Strides of a contiguous (B, H, S, D) tensor, or of one stored (B, H, D, S) and viewed as BHSD."""
+    return [heads * seq * dim, seq * dim, 1, seq] if transposed else [heads * seq * dim, seq * dim, dim, 1]
+
+
+def _source(fn, pointers: dict, scalars: dict, constexprs: dict) -> ASTSource:
+    """An ASTSource specialised the way a launch with these argument values would be."""
+    sig, const, attrs = {}, dict(constexprs), {}
+    for i, name in enumerate(fn.arg_names):
+        if name in pointers:
+            if pointers[name] is None:
+                sig[name], const[name] = "constexpr", None
+            else:
+                sig[name] = f"*{pointers[name]}"
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in scalars:
+            value, specialise = scalars[name], not fn.params[i].do_not_specialize
+            if isinstance(value, float):
+                sig[name] = "fp32"
+            elif value == 1 and specialise:
+                sig[name], const[name] = "constexpr", 1
+            else:
+                sig[name] = "i32"
+                if value % 16 == 0 and specialise:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "constexpr"
+    return ASTSource(fn, sig, const, attrs)
+
+
+def forward_source(config, head_dim: int, causal: bool, fp8: bool) -> ASTSource:
+    elt = "fp8e4nv" if fp8 else "bf16"
+    pointers = dict(Q=elt, K=elt, V=elt, O="bf16", LSE="fp32", QS="fp32" if fp8 else None,
+                    KS="fp32" if fp8 else None, VS="fp32" if fp8 else None)
+    strides = _bhsd_strides(HEADS, SEQ, head_dim)
+    scalars = dict(sm_scale=head_dim ** -0.5, heads_q=HEADS, group=1, seq_q=SEQ, seq_kv=SEQ,
+                   n_scale_q=SEQ // BLOCK_ROWS, n_scale_kv=SEQ // BLOCK_ROWS)
+    for prefix, values in (("q", strides), ("k", strides), ("o", strides),
+                           ("v", _bhsd_strides(HEADS, SEQ, head_dim, transposed=fp8))):
+        rows = "m" if prefix in "qo" else "n"
+        scalars.update(zip((f"stride_{prefix}b", f"stride_{prefix}h", f"stride_{prefix}{rows}", f"stride_{prefix}d"),
+                           values))
+    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, FP8=fp8, SCALE_ROWS=BLOCK_ROWS if fp8 else 0, **config.kwargs)
+    return _source(forward._attn_fwd, pointers, scalars, constexprs)
+
+
+def backward_source(config, head_dim: int, causal: bool) -> ASTSource:
+    pointers = dict(Q="bf16", K="bf16", V="bf16", DO="bf16", LSE="fp32", DELTA="fp32", DQ_ACC="fp32", DK="bf16",
+                    DV="bf16")
+    strides = _bhsd_strides(HEADS, SEQ, head_dim)
+    scalars = dict(sm_scale=head_dim ** -0.5, heads_kv=HEADS, group=1, seq_q=SEQ, seq_kv=SEQ)
+    for prefix, rows in (("q", "m"), ("k", "n"), ("v", "n"), ("d", "m"), ("dk", "n"), ("dv", "n")):
+        scalars.update(zip((f"stride_{prefix}b", f"stride_{prefix}h", f"stride_{prefix}{rows}", f"stride_{prefix}d"),
+                           strides))
+    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, **config.kwargs)
+    return _source(backward._attn_bwd, pointers, scalars, constexprs)
+
+
+def resources(cubin: bytes) -> dict:
+    """Registers, stack frame, static shared and local memory of the kernel in a cubin (``cuobjdump -res-usage``)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    names = {"REG": "regs", "STACK": "stack_bytes", "SHARED": "static_shared", "LOCAL": "local_bytes"}
+    return {names[k]: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", text)}
+
+
+def compile_row(kind: str, head_dim: int, config, arch: int = 90, causal: bool = True) -> dict:
+    """Compile one config of one kernel for ``sm_<arch>``: its resources, dynamic shared memory and SASS mix."""
+    from triton.tools.disasm import get_sass
+
+    src = (backward_source(config, head_dim, causal) if kind == "bwd"
+           else forward_source(config, head_dim, causal, kind == "fp8"))
+    row = dict(kernel=kind, head_dim=head_dim, warps=config.num_warps, stages=config.num_stages, **config.kwargs)
+    try:
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    except Exception as err:  # a config that does not compile is itself a finding
+        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        return row
+    row.update(resources(compiled.asm["cubin"]), shared_bytes=compiled.metadata.shared)
+    counts = opcode_counts(get_sass(compiled.asm["cubin"]))
+    row.update({op: counts.get(op, 0) for op in OPCODES if counts.get(op, 0)})
+    return row
+
+
+def report(kinds=("fwd", "bwd", "fp8"), arch: int = 90) -> list[dict]:
+    """One row per (kernel, head dim, config) of the autotuning tables, causal variants."""
+    tables = {"fwd": tuning.FWD, "bwd": tuning.BWD, "fp8": tuning.FP8}
+    return [compile_row(kind, head_dim, config, arch) for kind in kinds for head_dim in (64, 128)
+            for config in tables[kind][head_dim]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
+    parser.add_argument("--kinds", nargs="+", default=["fwd", "bwd", "fp8"], choices=["fwd", "bwd", "fp8"])
+    args = parser.parse_args()
+    print(f"triton {triton.__version__}, sm_{args.arch}, causal, MHA H{HEADS} S{SEQ}, bf16 (fp8: e4m3)")
+    for row in report(args.kinds, args.arch):
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+
+
+if __name__ == "__main__":
+    main()
