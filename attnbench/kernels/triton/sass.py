@@ -46,7 +46,7 @@ def compiler_report(name: str, kernel) -> dict:
     for key, value in constants.items():
         index = key[0] if isinstance(key, tuple) else key
         label = names[index] if isinstance(index, int) and index < len(names) else str(index)
-        if label.isupper():  # the tl.constexpr meta-parameters: BLOCK_M, HEAD_DIM, USE_TMA, ...
+        if label.isupper() and isinstance(value, (bool, int)):  # meta-parameters: BLOCK_M, HEAD_DIM, USE_TMA, ...
             row[label] = value
     try:
         counts = opcode_counts(kernel.asm["sass"])
