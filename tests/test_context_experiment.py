@@ -18,7 +18,7 @@ TINY_CAPABILITY = {
     "train_len": 96, "eval_factors": [1, 2], "extension_factors": [2],
     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "backend": "sdpa-math"},
     "pretrain": {"steps": 6, "batch_tokens": 384, "warmup_steps": 2}, "finetune": {"fraction": 0.34},
-    "eval": {"tokens": 384, "stride": 48, "n_docs": 2, "batch_size": 4}, "passkey": {"n": 2},
+    "eval": {"tokens": 384, "stride": 48, "n_docs": 2, "batch_size": 4}, "passkey": {"n": 2, "enabled": True},
 }
 TINY_COST = {"cpu": {"backends": ["eager", "sdpa-math"], "groups": {
     "prefill": {"mode": ["fwd", "fwd_bwd"], "layout": "gqa", "heads_q": 2, "gqa_group": 2, "head_dim": 16,

@@ -131,10 +131,12 @@ def _cmd_tables(args) -> int:
         write_atomic(cap, out / "capability.parquet")
         ok = cap[cap["status"] == "ok"]
         for name, table in (("perplexity_sliding", tables.perplexity_table(ok, "sliding")),
-                            ("perplexity_truncated", tables.perplexity_table(ok, "truncated")),
-                            ("passkey", tables.passkey_table(ok))):
+                            ("perplexity_truncated", tables.perplexity_table(ok, "truncated"))):
             (out / f"{name}.md").write_text(tables.to_markdown(table) + "\n")
-            written.append(f"{name}.md")
+        passkey = tables.to_markdown(tables.passkey_table(ok)) if (ok["eval"] == "passkey").any() else \
+            "No passkey rows: context.capability.passkey.enabled is false for this device."
+        (out / "passkey.md").write_text(passkey + "\n")
+        written += ["perplexity_sliding.md", "perplexity_truncated.md", "passkey.md"]
     if args.cost:
         cost = pd.concat([pd.read_parquet(p) for p in args.cost], ignore_index=True)
         write_atomic(cost, out / "cost.parquet")

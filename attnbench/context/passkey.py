@@ -82,7 +82,7 @@ def score(model: LanguageModel, batch: PasskeyBatch, batch_size: int = 1) -> Pas
             logits = model(tokens)
         pos = batch.answer_start[i:i + batch_size, None] + offsets  # (b, digits) positions of the key
         rows = torch.arange(tokens.shape[0])[:, None]
-        predicted = logits[rows, pos - 1].argmax(-1).cpu()
-        hits.append(predicted == tokens[rows, pos].cpu())
+        predicted = logits[rows.to(logits.device), (pos - 1).to(logits.device)].argmax(-1).cpu()
+        hits.append(predicted == tokens[rows, pos])
     hit = torch.cat(hits)
     return PasskeyScore(hit.all(-1).float().mean().item(), hit.float().mean().item(), hit.shape[0])

@@ -43,7 +43,8 @@ def _token_nll(model: LanguageModel, windows: Tensor) -> Tensor:
     """(B, S-1) NLL of tokens 1..S-1 of each window given the tokens before it."""
     with torch.no_grad():
         logits = model(windows)
-    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), windows[:, 1:], reduction="none")
+    targets = windows[:, 1:].to(logits.device)
+    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets, reduction="none").cpu()
 
 
 def sliding_windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int]]:
