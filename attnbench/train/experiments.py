@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnbench.bench.case import LAYOUTS
 from attnbench.config import ConfigError
 from attnbench.models.gpt import GPTConfig, count_params, match_params
 from attnbench.train import stability
@@ -284,4 +285,6 @@ def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 def layouts_frame(runs: pd.DataFrame) -> pd.DataFrame:
     cols = ["variant", "layout", "status", "backend", "params", "kv_cache_elements_per_token",
             "kv_bytes_per_token_bf16", "final_val_loss", "best_val_loss", "tokens_per_s", "mfu", "reason"]
-    return runs.reindex(columns=cols)
+    frame = runs.reindex(columns=cols)
+    order = frame["layout"].map({name: i for i, name in enumerate(LAYOUTS)}).fillna(len(LAYOUTS))
+    return frame.assign(_order=order).sort_values(["_order", "variant"]).drop(columns="_order")

@@ -137,7 +137,7 @@ def fp8_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     if under:
         melted = ok.dropna(subset=under).melt(id_vars=["step", "variant"], value_vars=under, var_name="recipe",
                                               value_name="underflow")
-        melted["recipe"] = melted["recipe"].str.replace("fp8_", "").str.replace("_grad_underflow", "")
+        melted["recipe"] = melted["recipe"].str.removeprefix("fp8_").str.removesuffix("_grad_underflow")
         sns.lineplot(data=melted, x="step", y="underflow", hue="recipe", style="variant", ax=b)
         b.set_title("gradient underflow share (rounds to 0 in FP8)")
     fig.tight_layout()

@@ -217,9 +217,13 @@ class Run:
         self.precision = get_precision(self.cfg.precision)
         self.compute_dtype = self.precision.autocast_dtype or torch.float32
 
-    def build(self) -> None:
+    def build(self, backend: str | None = None) -> None:
+        """``backend``: the one a resumed run chose before (``auto`` must not switch kernels mid-run)."""
         torch.manual_seed(self.cfg.seed)
-        self.model_cfg, self.auto_times = _resolve_backend(self.spec, self.device, self.compute_dtype)
+        if backend:
+            self.model_cfg, self.auto_times = dataclasses.replace(self.spec.model, backend=backend), {}
+        else:
+            self.model_cfg, self.auto_times = _resolve_backend(self.spec, self.device, self.compute_dtype)
         torch.manual_seed(self.cfg.seed)
         self.model = GPT(self.model_cfg).to(self.device)
         self.params = self.model.num_params()
@@ -235,7 +239,8 @@ class Run:
         self.recorder = Fp8StatsRecorder(self.model, self.cfg.fp8_stats) if self.cfg.fp8_stats else None
 
     def state(self, step: int, rows: list, counters: dict) -> dict:
-        return {"step": step, "config_hash": self.spec.config_hash, "model": self.model.state_dict(),
+        return {"step": step, "config_hash": self.spec.config_hash, "backend": self.model_cfg.backend,
+                "model": self.model.state_dict(),
                 "opt": self.opt.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
                 "rows": rows, "counters": counters}
 
@@ -328,8 +333,12 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
             "corpus_sha256": data.sha256, "precision": spec.train.precision, "seed": spec.train.seed,
             "lr": spec.train.lr, "layout": spec.model.layout, "qk_norm": spec.model.qk_norm,
             "z_loss": spec.train.z_loss, "compile": spec.train.compile, "steps": spec.train.steps}
+    ckpt_path = out / "ckpt.pt"
+    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False) if ckpt_path.is_file() else None
+    if ckpt is not None and ckpt.get("config_hash") != spec.config_hash:
+        ckpt = None  # a checkpoint of another config: start over
     try:
-        run.build()
+        run.build(ckpt["backend"] if ckpt else None)
     except (PrecisionUnavailable, BackendUnsupported) as err:
         status = "unavailable" if isinstance(err, PrecisionUnavailable) else "unsupported"
         summary = {**base, "backend": spec.model.backend, "status": status, "reason": str(err),
@@ -337,13 +346,11 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
         _write_json(summary, summary_path)
         return summary
     val = data.val_batches(spec.train.eval_batches, spec.train.batch_size, spec.train.seq_len, device)
-    ckpt_path = out / "ckpt.pt"
     rows, counters, start = [], {"initial_val_loss": math.nan, "consecutive_nonfinite": 0}, 0
-    if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
-        if ckpt.get("config_hash") == spec.config_hash:
-            run.load(ckpt)
-            rows, counters, start = ckpt["rows"], ckpt["counters"], ckpt["step"]
+    if ckpt is not None:
+        run.load(ckpt)
+        rows, counters, start = ckpt["rows"], ckpt["counters"], ckpt["step"]
+        del ckpt
     if start == 0:
         counters["initial_val_loss"] = evaluate(run.model, val, run.precision, device)
         run.snapshot(0)

@@ -155,8 +155,23 @@ def apply_precision(model: nn.Module, precision: Precision, device: str) -> tupl
     except Exception as err:  # an API this torchao lacks, or a device it refuses
         raise PrecisionUnavailable(f"{precision.name}: torchao {version} failed to convert the model: "
                                    f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+    _smoke_test(model, precision, device, version)
     note = f"torchao {version}" + (", emulated: numerics only, no speed claimed" if emulated else "")
     return emulated, note
+
+
+def _smoke_test(model: nn.Module, precision: Precision, device: str, version: str) -> None:
+    """One forward and backward of the converted model (32 tokens: an MX block) before any step counts."""
+    idx = torch.zeros(1, 32, dtype=torch.long, device=device)
+    try:
+        with precision.autocast(device):
+            out = model(idx)
+        out.float().mean().backward()
+    except Exception as err:
+        raise PrecisionUnavailable(f"{precision.name}: torchao {version} cannot train this model here: "
+                                   f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}") from None
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 def _convert_mxfp8(model: nn.Module, emulated: bool) -> None:

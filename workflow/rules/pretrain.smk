@@ -30,7 +30,9 @@ rule pretrain_experiment:
     params:
         lease="attnbench lease --" if ON_GPU else "",
         folder=lambda w: f"{PRETRAIN}/{w.experiment}",
-    threads: JOB_THREADS
+    # On a CPU, one thread per job: the tiny model gains nothing from a second thread (it spins), and two
+    # experiments run side by side (their CPU tokens/s are indicative only; the GPU run is the measurement).
+    threads: JOB_THREADS if ON_GPU else 1
     resources:
         gpu=int(ON_GPU),
     conda:
