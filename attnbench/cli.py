@@ -51,8 +51,8 @@ def _cmd_cases(args) -> int:
     from attnbench.config import load_config, microbench_plan, resolve_device
 
     config = load_config(args.config)
-    device, why = resolve_device(config)
-    plan = microbench_plan(config, args.device or device)
+    device, why = (args.device, "--device on the command line") if args.device else resolve_device(config)
+    plan = microbench_plan(config, device)
     print(f"# grid: {plan.device} ({why})")
     for group, cases in plan.groups.items():
         for case in cases:
@@ -94,8 +94,9 @@ def _cmd_microbench(args) -> int:
 
 # Modules that add subcommands: each has ``add_commands(subparsers)``; one line per stage.
 COMMAND_MODULES: tuple[str, ...] = (
-    "attnbench.train.commands",
+    "attnbench.report.commands",
     "attnbench.wheelhouse_commands",
+    "attnbench.train.commands",
     "attnbench.hbm.commands",
     "attnbench.context.commands",
 )

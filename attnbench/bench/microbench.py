@@ -60,6 +60,7 @@ class _Job:
         self.availability = {b.name: safe_available(b) for b in self.backends}
         self.env = environment(options.device)
         self.profiled: dict[tuple, list[str]] = {}
+        self.phases: dict[str, float] = {}  # seconds per phase of the current row, for the log
         self.reference: tuple[Callable, Case, float, Timing] | None = None
         self.baselines: tuple[Case, Baselines] | None = None  # the current case's, shared by its backends
 
@@ -126,7 +127,9 @@ class _Job:
 
         key = (backend.name, case.shape_class)
         if key not in self.profiled:
+            t0 = time.perf_counter()
             self.profiled[key] = kernel_names(fn, o.device)
+            self.phases["profile"] = time.perf_counter() - t0
         names = self.profiled[key]
         row["kernels"] = ";".join(names)
         if o.device == "cuda" and not backend.kernels_match(names):
@@ -144,7 +147,9 @@ class _Job:
             row["peak_mem_bytes"] = float(torch.cuda.max_memory_allocated())
 
         row["sm_clock_start_mhz"] = sm_clock_mhz()
+        t0 = time.perf_counter()
         timing = self.time(fn, case, second_call_s)
+        self.phases["time"] = time.perf_counter() - t0
         row["sm_clock_end_mhz"] = sm_clock_mhz()
         seconds = timing.median
         row.update(timer=timing.method, ms_median=seconds * 1e3, ms_p20=timing.quantile(0.2) * 1e3,
@@ -159,7 +164,9 @@ class _Job:
         del fn
 
         if o.numerics:
+            t0 = time.perf_counter()
             self._numerics(case, backend, row)
+            self.phases["numerics"] = time.perf_counter() - t0
 
     def _numerics(self, case: Case, backend: Backend, row: dict) -> None:
         paged = {"page_size": case.page_size} if case.page_size else {}  # backends that run paged cases take it
@@ -204,6 +211,7 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
             tensors, input_error = None, err
         for backend in job.backends:
             started = time.perf_counter()
+            job.phases = {}
             if tensors is None:
                 row = {**job.base_row(case, backend), "status": "oom", "reason": _one_line(input_error)[:300]}
             else:
@@ -211,7 +219,8 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
             rows.append(row)
             timing = f"{row['ms_median']:.4f} ms {row['tflops']:.2f} TFLOP/s" if row["status"] in ("ok", "numerics_fail") else row["reason"][:120]
             log(f"[{i}/{len(cases)}] {backend.name:15s} {case.label()}: {row['status']} {timing} "
-                f"({time.perf_counter() - started:.1f} s)")
+                f"({time.perf_counter() - started:.1f} s: "
+                + " ".join(f"{k} {v:.1f}" for k, v in job.phases.items()) + ")")
         del tensors
         job.baselines = None
         if options.device == "cuda":

@@ -121,7 +121,7 @@ def kernel_names(fn: Callable, device: str) -> list[str]:
     """Names of the device kernels (CUDA) or ATen ops (CPU) one call of ``fn`` ran, in order, deduplicated."""
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    activities = [ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         fn()
         if device == "cuda":
