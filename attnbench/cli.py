@@ -9,6 +9,7 @@ Subcommands
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 import pandas as pd
@@ -80,16 +81,29 @@ def _cmd_microbench(args) -> int:
           + "; ".join(f"{g}: {len(groups[g])} cases x {', '.join(backends_of[g])}" for g in groups), file=sys.stderr)
     ceilings = Ceilings.load(args.ceilings) if args.ceilings else measure_ceilings(device)
     timing = config["timing"]
-    rows = []
-    for group, cases in groups.items():
-        options = RunOptions(sweep=config["sweep"], group=group, device=device, numerics=config["numerics"],
-                             max_err_ratio=config["max_err_ratio"], seed=config["seed"],
-                             warmup_ms=timing["warmup_ms"], rep_ms=timing["rep_ms"],
-                             cpu_min_run_time_s=timing["cpu_min_run_time_s"], ceilings=ceilings)
-        rows += run_group(cases, backends_of[group], options)
+    rows: list[dict] = []
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout` and schedulers stop a job with SIGTERM
+    try:
+        for group, cases in groups.items():
+            options = RunOptions(sweep=config["sweep"], group=group, device=device, numerics=config["numerics"],
+                                 max_err_ratio=config["max_err_ratio"], seed=config["seed"],
+                                 warmup_ms=timing["warmup_ms"], rep_ms=timing["rep_ms"],
+                                 cpu_min_run_time_s=timing["cpu_min_run_time_s"], ceilings=ceilings)
+            run_group(cases, backends_of[group], options, rows=rows)
+    except KeyboardInterrupt:
+        if rows:
+            write_atomic(to_frame(rows), args.out)
+            print(f"attnbench: interrupted; wrote the {len(rows)} finished rows to {args.out}", file=sys.stderr)
+        else:
+            print(f"attnbench: interrupted before any row finished; {args.out} left as it was", file=sys.stderr)
+        return 3
     write_atomic(to_frame(rows), args.out)
     print(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
     return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # Modules that add subcommands: each has ``add_commands(subparsers)``; one line per stage.

@@ -200,10 +200,16 @@ class _Job:
 
 
 def run_group(cases: list[Case], backends: list[str], options: RunOptions,
-              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict]:
-    """Measure every (case, backend); never raises for a single case's failure."""
+              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+              rows: list[dict] | None = None) -> list[dict]:
+    """Measure every (case, backend); never raises for a single case's failure.
+
+    Rows are appended to ``rows`` (a new list by default) as they are measured, so a
+    caller that is interrupted still holds every finished row.
+    """
     job = _Job(backends, options, log)
-    rows = []
+    rows = [] if rows is None else rows
+    first = len(rows)
     for i, case in enumerate(cases, 1):
         try:
             tensors = make_tensors(case, options.device, seed=_case_seed(case, options.seed))
@@ -226,7 +232,7 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
         if options.device == "cuda":
             torch.cuda.empty_cache()
     drift = job.drift()
-    for row in rows:
+    for row in rows[first:]:
         row["job_drift"] = drift
         row["drift_flag"] = bool(abs(drift) > DRIFT_LIMIT)  # NaN (nothing measured) compares False
     return rows
