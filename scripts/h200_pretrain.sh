@@ -2,10 +2,10 @@
 # Pretraining experiments at GPU scale on one H200 (issue 7), compact enough for ~6 minutes:
 #   a. divergence: kernel swap (sdpa-math reference vs sdpa-flash, sdpa-cudnn) vs seed swap vs fp16-vs-fp32,
 #      weight divergence at snapshots, plus each backend's attention error against fp64 at the model's shape
-#   d. layouts mha/gqa/mqa/mla at matched parameters, compiled, fastest backend per layout (bf16)
 #   b. LR sensitivity at 3 LRs, baseline vs qk-layernorm + z-loss 1e-4 (bf16, uncompiled)
+#   d. layouts mha/gqa/mqa/mla at matched parameters, compiled, fastest backend per layout (bf16)
 # Model: pretrain.cuda of the default config (~10.7M parameters: 6 layers, 6 heads, 384 wide), byte-level
-# Shakespeare, seq 256, batch 64. MFU uses the matmul rate measured here (attnbench.bench.ceilings).
+# Shakespeare, seq 256, batch 64, 300 steps per run (STEPS=...). MFU uses the matmul rate measured here (attnbench.bench.ceilings).
 # Every run is guarded (an error is a row) and time-boxed (a run past the budget is `truncated`).
 # Writes $OUT/pretrain_steps.parquet, $OUT/pretrain_runs.parquet, $OUT/pretrain_divergence.parquet
 # (weight divergence and fp64 numerics rows, column `table`), and prints a summary table last.
@@ -16,7 +16,7 @@ WORK=${WORK:-/tmp/attnbench-h200-pretrain}
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true
-python3 - "$OUT" "$WORK" "${BUDGET_S:-330}" "${STEPS:-400}" <<'PY'
+python3 - "$OUT" "$WORK" "${BUDGET_S:-330}" "${STEPS:-300}" <<'PY'
 import dataclasses, math, sys, time, traceback
 from pathlib import Path
 
@@ -92,13 +92,14 @@ def run(name, spec):
                           "reason": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"})
 
 
-# divergence first (it needs all its runs), then layouts, then LRs (both variants at one LR before the next)
+# divergence first (it needs all its runs), then LRs (both variants at one LR before the next; uncompiled, cheap),
+# then the compiled layouts (compilation dominates their time; the last ones are truncated if the budget runs out)
 for spec in plans.get("divergence", []):
     run("divergence", spec)
-for spec in plans.get("layouts", []):
-    run("layouts", spec)
 for spec in sorted(plans.get("lr_sensitivity", []), key=lambda s: (s.train.lr, s.tags["variant"])):
     run("lr_sensitivity", spec)
+for spec in plans.get("layouts", []):
+    run("layouts", spec)
 try:
     div = ex.divergence_frame(plans["divergence"], work / "divergence")
     extra.append(div.assign(table="weight_divergence"))
