@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,6 +15,7 @@ from attnbench.config import ConfigError, load_config, validate_config
 from attnbench.context import experiment as E
 from attnbench.context.perplexity import sliding_window_score
 
+CONFIG = Path(__file__).resolve().parents[1] / "config" / "config.yaml"
 TINY_CAPABILITY = {
     "train_len": 96, "eval_factors": [1, 2], "extension_factors": [2],
     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "backend": "sdpa-math"},
@@ -28,7 +30,7 @@ TINY_COST = {"cpu": {"backends": ["eager", "sdpa-math"], "groups": {
 
 @pytest.fixture(scope="module")
 def config():
-    with open("config/config.yaml") as fh:
+    with open(CONFIG) as fh:
         raw = yaml.safe_load(fh)
     raw["device"] = "cpu"
     raw["timing"] = {"warmup_ms": 1, "rep_ms": 2, "cpu_min_run_time_s": 0.005}
@@ -156,6 +158,6 @@ def test_cli_bad_group_is_one_line(tmp_path, config, capsys):
 
 
 def test_loaded_default_config_is_cpu_sized():
-    spec = E.capability_spec(load_config("config/config.yaml")["context"], "cpu")
+    spec = E.capability_spec(load_config(CONFIG)["context"], "cpu")
     assert 128 <= spec["train_len"] <= 512 and spec["eval_factors"] == [1, 2, 4, 8]
     assert spec["finetune"]["fraction"] <= 0.1

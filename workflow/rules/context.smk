@@ -3,6 +3,8 @@
 # with and without a short fine-tune, scored at every evaluation length). Cost: one `attnbench context
 # cost` job per context.cost.<device> group (the microbench harness at extended lengths, with peak
 # memory and oom rows) and the RoPE table/rotation timing. Then the PI- and YaRN-shaped tables.
+from pathlib import Path
+
 from attnbench.context.experiment import capability_spec
 
 CONTEXT = f"{RESULTS}/context"
@@ -116,7 +118,7 @@ rule context_tables:
     log:
         f"{LOGS}/context/tables.log",
     params:
-        folder=f"{CONTEXT}/tables",
+        folder=lambda wildcards, output: Path(output.capability).parent,
     conda:
         "../envs/attnbench.yaml"
     shell:
