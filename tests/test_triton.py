@@ -1,13 +1,17 @@
 """The Triton FlashAttention kernels (backends ``triton``, ``triton-fp8``) against the fp64 reference.
 
-Without CUDA the kernels run on CPU tensors in Triton's interpreter: the
-module fixture sets ``TRITON_INTERPRET=1`` for this module only, before the
-kernels are first imported (Triton decides at decoration time). The
-interpreter computes ``tl.dot`` on bfloat16 bit patterns (a documented
-limitation, triton-lang/triton#11584), so on CPU the small cases run in fp16
-and the bf16 ones are left to the GPU. Shapes are small and off the tile grid
-(67 rows against 32/16-row tiles, seq_q < seq_kv with a bottom-right mask).
-The ``gpu`` tests run the same checks at full size on CUDA.
+Without CUDA the kernels run on CPU tensors in Triton's interpreter. Triton
+decides at decoration time whether a ``@triton.jit`` function (its own
+``tl.zeros``, ``tl.sum``, ... included) is interpreted, so ``TRITON_INTERPRET=1``
+must be set before the first ``import triton`` of the process: this module
+sets it when it is collected on a CPU-only host (no test module imports
+Triton at collection; tests that run Triton on CPU exist only here), and the
+fixture checks that it took effect. The interpreter computes ``tl.dot`` on
+bfloat16 bit patterns (a documented limitation, triton-lang/triton#11584), so
+on CPU the small cases run in fp16 and the bf16 ones are left to the GPU.
+Shapes are small and off the tile grid (67 rows against 32/16-row tiles,
+seq_q < seq_kv with a bottom-right mask). The ``gpu`` tests run the same
+checks at full size on CUDA.
 """
 import importlib.util
 import json
@@ -24,6 +28,8 @@ from attnbench.kernels import get_backend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the session's first `import triton`: see above
 DEVICE = "cuda" if ON_GPU else "cpu"
 SMALL_DTYPE = "bf16" if ON_GPU else "fp16"
 FP8_ROWS = 128 if ON_GPU else 32  # rows per fp8 scale: GPU tiles are 64-128 rows, the interpreter's 16-32
@@ -31,14 +37,15 @@ FP8_ROWS = 128 if ON_GPU else 32  # rows per fp8 scale: GPU tiles are 64-128 row
 
 @pytest.fixture(scope="module", autouse=True)
 def kernels():
-    """The kernel modules, imported under the interpreter on a CPU-only host."""
-    with pytest.MonkeyPatch.context() as mp:
-        if not ON_GPU:
-            mp.setenv("TRITON_INTERPRET", "1")
-        from attnbench.kernels.triton import launch, tuning
+    """The launchers; on a CPU-only host, with Triton and the kernels in interpreter mode."""
+    import triton.language as tl
 
-        assert tuning.INTERPRET != ON_GPU, "the kernels were imported before this module set TRITON_INTERPRET"
-        yield launch
+    from attnbench.kernels.triton import launch, tuning
+
+    interpreted = type(tl.zeros).__name__ == "InterpretedFunction"
+    assert tuning.INTERPRET == interpreted != ON_GPU, (
+        "Triton was imported before TRITON_INTERPRET=1 was set; run TRITON_INTERPRET=1 pytest tests/test_triton.py")
+    return launch
 
 
 def small(**kw):
