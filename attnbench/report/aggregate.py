@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.bench.results import ResultsError, to_frame, validate_rows
+from attnbench.bench.results import COLUMNS, ResultsError, to_frame, validate_rows
 from attnbench.report.schema import validate_frame
 
-READERS = {".parquet": pd.read_parquet, ".csv": pd.read_csv}
+# CSV carries no types: string columns are read as strings ("1.0" stays a driver version, not a number).
+_STRINGS = {name: "string" for name, (kind, _) in COLUMNS.items() if kind == "string"}
+READERS = {".parquet": pd.read_parquet, ".csv": lambda path: pd.read_csv(path, dtype=_STRINGS)}
 
 
 def read_any(path: str | Path) -> pd.DataFrame:

@@ -26,7 +26,7 @@ def _cmd_env(args) -> int:
     from attnbench.config import resolve_device, validate_config
     from attnbench.kernels.registry import all_backends, safe_available
 
-    config = validate_config(json.loads(args.config_json))
+    config = validate_config(json.loads(Path(args.config_in).read_text()))
     device, why = resolve_device(config)
     config["device"] = device
     Path(args.config_out).parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def add_commands(sub) -> None:
     import argparse
 
     p = sub.add_parser("env", help="write the effective config and this host's versions")
-    p.add_argument("--config-json", required=True, help="the config as JSON (the workflow passes its merged config)")
+    p.add_argument("--config-in", required=True, help="the merged config as JSON (the workflow's snapshot)")
     p.add_argument("--config-out", required=True)
     p.add_argument("--versions-out", required=True)
     p.set_defaults(func=_cmd_env)

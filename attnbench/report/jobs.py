@@ -32,6 +32,7 @@ from pathlib import Path
 
 DEADLINE_ENV = "ATTNBENCH_DEADLINE"
 LOCK_DIR_ENV = "ATTNBENCH_LOCK_DIR"
+TERM_GRACE_S = 60  # after SIGTERM at the deadline, time to write finished rows before SIGKILL
 
 
 def visible_devices() -> list[str]:
@@ -115,16 +116,20 @@ def run_child(cmd: list[str], env: dict, timeout_s: float | None) -> tuple[int |
     try:
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        proc.terminate()  # `attnbench microbench` writes the rows it finished on SIGTERM
+        try:
+            proc.wait(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         code = None
     reader.join(timeout=5)
     sys.stderr.flush()
     return code, (tail[0] if tail else "")
 
 
-def error_rows(config_path: str, group: str, backends: list[str] | None, reason: str):
-    """One ``error`` row per (case, backend) of ``group`` in the config's resolved grid."""
+def error_rows(config_path: str, group: str, backends: list[str] | None, reason: str, done: set | None = None):
+    """One ``error`` row per (case, backend) of ``group`` in the config's resolved grid, except those in ``done``."""
     from attnbench.bench import conventions
     from attnbench.bench.provenance import environment, timestamp
     from attnbench.bench.results import empty_row, to_frame
@@ -140,6 +145,8 @@ def error_rows(config_path: str, group: str, backends: list[str] | None, reason:
     rows = []
     for case in plan.groups[group]:
         for backend in backends or plan.group_backends[group]:
+            if done and (case.case_id, backend) in done:
+                continue
             row = empty_row() | case.fields() | env
             row.update(sweep=config["sweep"], group=group, case_id=case.case_id, backend=backend, status="error",
                        reason=reason[:800], timestamp=timestamp(), flops=conventions.flops(case),
@@ -150,12 +157,18 @@ def error_rows(config_path: str, group: str, backends: list[str] | None, reason:
 
 def guard(cmd: list[str], *, config: str, group: str, backends: list[str] | None, out: str,
           gpu: bool = False) -> int:
-    """Run a job that should write ``out``; if it does not, write error rows there instead. Returns 0 then."""
+    """Run a job that should write ``out``; every (case, backend) it leaves without a row gets an error row.
+
+    A job that exits 0 with its file is left alone. One that fails after writing
+    some rows (a microbench job stopped by SIGTERM writes the rows it finished)
+    keeps them, and the missing ones are added. Returns 0 once ``out`` is complete.
+    """
+    import pandas as pd
+
     from attnbench.bench.results import write_atomic
 
     out_path = Path(out)
     limit = deadline()
-    reason = ""
     if limit is not None and time.time() >= limit:
         reason = f"not run: the sweep deadline (${DEADLINE_ENV}) had passed"
     else:
@@ -168,15 +181,13 @@ def guard(cmd: list[str], *, config: str, group: str, backends: list[str] | None
             code, last = run_child(cmd, env, timeout)
         if code == 0 and out_path.is_file():
             return 0
-        if code is None:
-            reason = f"killed at the sweep deadline (${DEADLINE_ENV})"
-        elif out_path.is_file():
-            print(f"attnbench guard: the job {_exit_text(code)} after writing {out}; keeping its rows",
-                  file=sys.stderr)
-            return 0
-        else:
-            reason = f"job {_exit_text(code)} without writing results" + (f": {last}" if last else "")
-    df = error_rows(config, group, backends, reason)
+        what = f"killed at the sweep deadline (${DEADLINE_ENV})" if code is None else f"job {_exit_text(code)}"
+        reason = f"{what} before this case finished" + (f": {last}" if last and code is not None else "")
+    kept = pd.read_parquet(out_path) if out_path.is_file() else None
+    done = set(zip(kept["case_id"], kept["backend"])) if kept is not None and len(kept) else set()
+    missing = error_rows(config, group, backends, reason, done)
+    df = pd.concat([kept, missing], ignore_index=True) if done else missing
     write_atomic(df, out_path)
-    print(f"attnbench guard: {reason}; wrote {len(df)} error rows to {out}", file=sys.stderr)
+    print(f"attnbench guard: {reason}; kept {len(done)} rows, wrote {len(missing)} error rows to {out}",
+          file=sys.stderr)
     return 0

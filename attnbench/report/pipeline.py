@@ -8,6 +8,7 @@ lists the jobs. Nothing here runs a benchmark.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -65,8 +66,18 @@ class Sweep:
     def backends(self) -> list[str]:
         return list(dict.fromkeys([b for b, _ in self.jobs()] + list(self.rule_backends)))
 
-    def config_json(self) -> str:
-        return json.dumps(self.config, sort_keys=True)
+    def snapshot(self, folder: str | Path) -> str:
+        """Write the effective config as ``<folder>/config-<hash>.json`` (once) and return its path.
+
+        The env rule reads it, so the config travels to the job without a kilobytes-long
+        command line; a changed config is a new file name, which reruns the env rule.
+        """
+        text = json.dumps(self.config, sort_keys=True, indent=1)
+        path = Path(folder) / f"config-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        return str(path)
 
     def summary(self) -> str:
         return (f"attnbench: sweep {self.name!r} runs the {self.device} grid ({self.why}): "

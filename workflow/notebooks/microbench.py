@@ -114,11 +114,14 @@ def why_text(frame: pd.DataFrame) -> list[str]:
     okf = frame[frame["status"] == "ok"]
     if okf.empty or ridge != ridge:
         return out
-    fused = okf[~okf["backend"].isin(["eager", "sdpa-math"])]
-    for label, rows in (("Prefill (fwd, fwd_bwd) with fused kernels", fused[fused["mode"].isin(tables.PREFILL)]),
-                        ("Decode with fused kernels", fused[fused["mode"] == "decode"]),
-                        ("Eager and sdpa-math, which write the S x S score matrix to memory",
-                         okf[okf["backend"].isin(["eager", "sdpa-math"]) & okf["mode"].isin(tables.PREFILL)])):
+    # Unfused backends (eager, math) write the score matrix: their modelled bytes far exceed the minimum.
+    unfused = okf["bytes_model"] > 1.5 * okf["bytes_min"]
+    prefill = okf["mode"].isin(tables.PREFILL)
+    for label, rows in (("Prefill (fwd, fwd_bwd) with fused kernels", okf[~unfused & prefill]),
+                        ("Decode with fused kernels", okf[~unfused & (okf["mode"] == "decode")]),
+                        ("Prefill with kernels that write the S x S score matrix to memory ("
+                         + ", ".join(dict.fromkeys(okf.loc[unfused & prefill, "backend"])) + ")",
+                         okf[unfused & prefill])):
         if rows.empty:
             continue
         lo, hi = rows["intensity"].min(), rows["intensity"].max()

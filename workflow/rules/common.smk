@@ -29,6 +29,8 @@ except ConfigError as err:  # one line naming the key and the allowed values, no
 if SCHEMA_ERROR is not None:
     raise SCHEMA_ERROR
 logger.info(SWEEP.summary())
+# The merged config (defaults filled, device resolved), for the env rule to write as results/<sweep>/env/config.yaml.
+CONFIG_SNAPSHOT = SWEEP.snapshot(Path(".snakemake", "attnbench"))
 
 RESULTS = f"results/{SWEEP.name}"
 REPORTS = f"reports/{SWEEP.name}"

@@ -3,17 +3,17 @@
 
 
 rule env:
+    input:
+        CONFIG_SNAPSHOT,
     output:
         config=ENV_CONFIG,
         versions=report(VERSIONS, caption="../report/versions.rst", category="Environment"),
     log:
         f"{LOGS}/env.log",
-    params:
-        config=SWEEP.config_json(),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench env --config-json {params.config:q} --config-out {output.config} "
+        "attnbench env --config-in {input} --config-out {output.config} "
         "--versions-out {output.versions} > {log} 2>&1"
 
 

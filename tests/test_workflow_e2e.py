@@ -1,0 +1,152 @@
+"""The pipeline for real: `snakemake --cores 2` on a tiny config in a temporary folder, then its
+Snakemake report, W&B publishing (offline), parse-time config errors and the linter."""
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from attnbench.report.figures import FIGURE_NAMES
+from attnbench.report.tables import FORMATS, TABLE_NAMES
+
+REPO = Path(__file__).resolve().parents[1]
+BACKENDS = ["eager", "sdpa-math", "sdpa-cudnn"]  # sdpa-cudnn: an unavailable row on a machine without CUDA
+CONFIG = {
+    "sweep": "e2e",
+    "device": "cpu",
+    "timing": {"cpu_min_run_time_s": 0.01},
+    "microbench": {
+        "cpu": {"backends": BACKENDS, "rule_backends": {"c-naive": ["tiny"]},
+                "groups": {"tiny": {"mode": ["fwd", "decode"], "layout": "mha", "heads_q": 2, "head_dim": 16,
+                                    "seq": [64, 128], "causal": False, "dtype": ["fp32", "bf16"]}}},
+        "cuda": {"backends": ["sdpa-flash"], "groups": {"tiny": {"seq": 64}}},
+    },
+}
+N_CASES = 2 * 2 * 2  # mode x seq x dtype
+FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 characters, like a W&B key
+
+needs_snakemake = pytest.mark.skipif(shutil.which("snakemake") is None or shutil.which("attnbench") is None,
+                                     reason="needs the snakemake and attnbench commands (pip install -e .[test])")
+
+
+def snakemake(workdir: Path, *args: str, env: dict | None = None, timeout: int = 600):
+    """Targets first: --configfile takes every word after it."""
+    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir), *args]
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One real sweep: env, ceilings, a job per backend, the rule backend, aggregate, report."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    # `report` is the last stage of the microbench pipeline; other stages' rules are not needed here.
+    proc = snakemake(workdir, "report", "--cores", "2", "--configfile", "config.yaml")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return workdir, proc
+
+
+@needs_snakemake
+def test_sweep_writes_results_tables_figures_and_report(run):
+    workdir, proc = run
+    assert "runs the cpu grid (device: cpu in the config)" in proc.stderr
+    results = workdir / "results" / "e2e"
+    df = pd.read_parquet(results / "microbench.parquet")
+    assert df.groupby("backend").size().to_dict() == {b: N_CASES for b in BACKENDS + ["c-naive"]}
+    assert set(df.loc[df.backend == "sdpa-cudnn", "status"]) == {"unavailable"}
+    assert set(df.loc[df.backend.isin(["eager", "sdpa-math"]), "status"]) == {"ok"}
+    naive = df[df.backend == "c-naive"].set_index(["mode", "dtype"])["status"]
+    assert naive.loc[("fwd", "fp32")].eq("ok").all() and naive.drop(("fwd", "fp32")).eq("unsupported").all()
+    for name in TABLE_NAMES:
+        for ext in FORMATS:
+            assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
+    status = pd.read_csv(results / "tables" / "status.csv")
+    assert set(status["backend"]) == set(BACKENDS + ["c-naive"])
+    tflops = pd.read_csv(results / "tables" / "tflops.csv")
+    assert set(tflops["backend"]) == set(BACKENDS + ["c-naive"])
+    assert "Device: CPU" in (results / "tables" / "tflops.md").read_text()
+    for name in FIGURE_NAMES:
+        assert (results / "figures" / f"{name}.png").stat().st_size > 1000
+    env = yaml.safe_load((results / "env" / "config.yaml").read_text())
+    assert env["device"] == "cpu" and env["sweep"] == "e2e"
+    versions = json.loads((results / "env" / "versions.json").read_text())
+    assert versions["backends"]["sdpa-cudnn"]["available"] is False and versions["git_sha"]
+    html = (workdir / "reports" / "e2e" / "report.html").read_text()
+    assert html.count("data:image/png") >= 4 and "Who wins where" in html
+    for backend in BACKENDS + ["c-naive"]:
+        assert backend in html
+    assert (results / "logs" / "microbench" / "eager" / "tiny.log").is_file()
+    assert (results / "benchmarks" / "microbench" / "eager" / "tiny.tsv").is_file()
+
+
+@needs_snakemake
+def test_snakemake_report_has_captions_and_categories(run):
+    workdir, _ = run
+    proc = snakemake(workdir, "report", "--report", "snakemake-report.html", "--configfile", "config.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (workdir / "snakemake-report.html").read_text()
+    for text in ("Tables", "Figures", "Environment", "roofline.png", "Achieved FLOP/s against arithmetic intensity"):
+        assert text in page
+
+
+@needs_snakemake
+def test_publish_offline_writes_a_wandb_run_and_never_the_key(run):
+    workdir, _ = run
+    env = {"WANDB_MODE": "offline", "WANDB_API_KEY": FAKE_KEY, "WANDB_CONFIG_DIR": str(workdir / "wandb-config")}
+    proc = snakemake(workdir, "publish", "--cores", "1", "--configfile", "config.yaml", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    receipt = json.loads((workdir / "results" / "e2e" / "wandb" / "published.json").read_text())
+    assert receipt["mode"] == "offline" and receipt["sync"].startswith("wandb sync ")
+    assert {"tables/results", "tables/tflops", "figures/roofline"} <= set(receipt["logged"])
+    run_dir = (workdir / receipt["run_dir"]).parent
+    assert run_dir.name.startswith("offline-run-")
+    record = next(run_dir.glob("run-*.wandb")).read_bytes()  # offline runs keep config and history here
+    assert b"provenance" in record and b"git_sha" in record and b"attnbench-e2e" in record
+    tables = list((run_dir / "files" / "media" / "table" / "tables").glob("*.table.json"))
+    assert len(tables) >= len(TABLE_NAMES)
+    assert list((run_dir / "files" / "media" / "images" / "figures").glob("roofline*.png"))
+    for path in [*(workdir / "results").rglob("*"), *(workdir / ".snakemake" / "log").rglob("*")]:
+        if path.is_file():
+            assert FAKE_KEY.encode() not in path.read_bytes(), path
+
+
+@needs_snakemake
+def test_bad_config_fails_at_parse_time_in_one_line(tmp_path):
+    bad = {**CONFIG, "microbench": {**CONFIG["microbench"],
+                                    "cpu": {**CONFIG["microbench"]["cpu"], "backends": ["eager", "fa9"]}}}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    proc = snakemake(tmp_path, "-n", "--configfile", "bad.yaml")
+    assert proc.returncode != 0
+    assert "attnbench: config error: microbench.cpu.backends: backend='fa9' is not known; allowed: eager" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.fixture(scope="module")
+def lints(tmp_path_factory):
+    """`snakemake --lint` once, split into {file name: its lint lines}."""
+    proc = snakemake(tmp_path_factory.mktemp("lint"), "--lint")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 or "Lints for" in text, text[-3000:]  # it ran, whatever it found
+    found, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("Lints for"):
+            current = Path(re.search(r"(/\S+?)\)?:$", line).group(1)).name
+        elif current and line.startswith("    * "):
+            found.setdefault(current, []).append(line.strip())
+    return found
+
+
+RULE_FILES = ["Snakefile"] + sorted(p.name for p in (REPO / "workflow" / "rules").rglob("*.smk"))
+
+
+@needs_snakemake
+@pytest.mark.parametrize("name", RULE_FILES)
+def test_lint_is_clean(lints, name):
+    assert not lints.get(name), f"snakemake --lint on {name}: {lints[name]}"
