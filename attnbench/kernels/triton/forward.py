@@ -96,7 +96,10 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
             acc = acc * alpha[:, None]
         v = _load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, seq_kv, v_desc, start_n, USE_TMA, FP8,
                        not MASKED)
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        if FP8:  # sm_90's fp8 MMA adds in reduced precision: promote into the fp32 accumulator once per tile
+            acc = tl.dot(p.to(v.dtype), v, acc, max_num_imprecise_acc=BLOCK_N)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     return acc, l_i, m_i, vs_prev
