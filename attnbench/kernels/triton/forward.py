@@ -29,7 +29,9 @@ which cancels in ``acc / l``. V's scale changes from tile to tile: the
 accumulator is kept in units of the current V scale and rescaled with the
 softmax correction, ``acc *= alpha * vs_prev / vs_j``, so no extra pass over
 the accumulator is needed. V is stored transposed (sequence contiguous), the
-operand layout Hopper's fp8 wgmma needs.
+operand layout Hopper's fp8 wgmma needs. ``P V`` is promoted into the fp32
+accumulator once per tile (``max_num_imprecise_acc``): Hopper's fp8 MMA adds in
+reduced precision, and Triton's sm_90 default never promotes.
 """
 from __future__ import annotations
 
@@ -96,7 +98,7 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
             acc = acc * alpha[:, None]
         v = _load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, seq_kv, v_desc, start_n, USE_TMA, FP8,
                        not MASKED)
-        if FP8:  # sm_90's fp8 MMA adds in reduced precision: promote into the fp32 accumulator once per tile
+        if FP8:  # sm_90 fp8 MMAs add in reduced precision (DeepSeek-V3): promote to the fp32 accumulator per tile
             acc = tl.dot(p.to(v.dtype), v, acc, max_num_imprecise_acc=BLOCK_N)
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
