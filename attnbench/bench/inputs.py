@@ -11,15 +11,17 @@ def make_tensors(case: Case, device: str | torch.device, *, seed: int, dtype: to
                  requires_grad: bool | None = None) -> Tensors:
     """Standard-normal q, k, v (and dO for fwd_bwd) in BHSD layout.
 
-    ``dtype`` overrides the case's dtype (the fp64 reference draws the same
-    values in fp64 from the same seed, then the checked copy is rounded from it).
+    ``dtype`` overrides the case's dtype. Values are drawn on ``device`` by its
+    own generator: drawing gigabytes of decode KV cache on the host and copying
+    them over took tens of seconds per case. The same seed gives the same values
+    on the same kind of device.
     """
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     dtype = dtype or case.torch_dtype
     grad = case.has_backward if requires_grad is None else requires_grad
 
     def draw(*shape):
-        t = torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+        t = torch.randn(*shape, generator=gen, dtype=torch.float32, device=device).to(dtype=dtype)
         return t.requires_grad_(grad)
 
     b = case.batch
