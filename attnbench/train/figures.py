@@ -26,6 +26,12 @@ OUTPUTS = {"divergence": ("divergence", "divergence_numerics"), "lr_sensitivity"
 TABLE_FORMATS = ("md", "tex", "csv")
 
 
+def report_files(folder: str, experiment: str) -> list[str]:
+    """The tables and figure :func:`render` writes for ``experiment`` under ``folder`` (workflow outputs)."""
+    tables = [f"{folder}/tables/{t}.{ext}" for t in OUTPUTS[experiment] for ext in TABLE_FORMATS]
+    return tables + [f"{folder}/figures/{experiment}.png"]
+
+
 def _table(name: str, caption: str, values: pd.DataFrame) -> Table:
     return Table(name, caption, values, values.map(fmt))
 

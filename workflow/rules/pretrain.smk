@@ -2,16 +2,12 @@
 # (divergence, lr_sensitivity, fp8, layouts), each training its runs in one process (finished runs are
 # kept, killed ones resume from their checkpoints), then its paper-style tables and figure under
 # results/<sweep>/pretrain/{tables,figures}. CPU-sized by default; `pretrain.cuda` scales it on a GPU.
+from pathlib import Path
+
 from attnbench.train.experiments import EXPERIMENTS as PRETRAIN_EXPERIMENTS
-from attnbench.train.figures import OUTPUTS as PRETRAIN_OUTPUTS
-from attnbench.train.figures import TABLE_FORMATS as PRETRAIN_TABLE_FORMATS
+from attnbench.train.figures import report_files as pretrain_report_files
 
 PRETRAIN = f"{RESULTS}/pretrain"
-
-
-def pretrain_report_files(experiment):
-    tables = [f"{PRETRAIN}/tables/{t}.{ext}" for t in PRETRAIN_OUTPUTS[experiment] for ext in PRETRAIN_TABLE_FORMATS]
-    return tables + [f"{PRETRAIN}/figures/{experiment}.png"]
 
 
 rule pretrain_experiment:
@@ -29,7 +25,7 @@ rule pretrain_experiment:
         experiment="|".join(PRETRAIN_EXPERIMENTS),
     params:
         lease="attnbench lease --" if ON_GPU else "",
-        folder=lambda w: f"{PRETRAIN}/{w.experiment}",
+        folder=lambda w, output: str(Path(output.runs).parent),
     # On a CPU, one thread per job: the tiny model gains nothing from a second thread (it spins), and two
     # experiments run side by side (their CPU tokens/s are indicative only; the GPU run is the measurement).
     threads: JOB_THREADS if ON_GPU else 1
@@ -51,15 +47,17 @@ for _experiment in PRETRAIN_EXPERIMENTS:
             runs=f"{PRETRAIN}/{_experiment}/runs.parquet",
             steps=f"{PRETRAIN}/{_experiment}/steps.parquet",
         output:
-            pretrain_report_files(_experiment),
+            pretrain_report_files(PRETRAIN, _experiment),
         log:
             f"{LOGS}/pretrain/report-{_experiment}.log",
         params:
             experiment=_experiment,
-            folder=f"{PRETRAIN}/{_experiment}",
+            source=lambda w, input: str(Path(input.runs).parent),
+            folder=lambda w, output: str(Path(output[0]).parents[1]),
         conda:
             "../envs/attnbench.yaml"
         shell:
-            "attnbench experiment report --name {params.experiment} --in {params.folder} --out {PRETRAIN} > {log} 2>&1"
+            "attnbench experiment report --name {params.experiment} --in {params.source} --out {params.folder} "
+            "> {log} 2>&1"
 
-    STAGE_TARGETS.extend(pretrain_report_files(_experiment))
+    STAGE_TARGETS.extend(pretrain_report_files(PRETRAIN, _experiment))
