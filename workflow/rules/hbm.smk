@@ -2,6 +2,7 @@
 # running one Nsight Compute process; then the merged table, the KV / training-step byte ledger and the
 # figures. Without a GPU or ncu the jobs write rows with status unavailable and the reason, so the CPU
 # sweep builds the same files.
+import os
 import re
 
 from attnbench.hbm.figures import FIGURES as HBM_FIGURES
@@ -17,14 +18,9 @@ HBM_FIGURE_FILES = [f"{HBM}/figures/{name}" for name in HBM_FIGURES]
 # On a GPU, one job (one ncu process) per (group, backend), so a backend that hangs costs only its job;
 # without one, nothing is profiled and one job per group ("all" its backends) writes the unavailable rows.
 HBM_JOBS = HBM_PLAN.jobs() if ON_GPU else [(group, "all") for group in HBM_PLAN.groups]
-
-
-def hbm_parts(wildcards):
-    return [f"{HBM}/parts/{group}/{backend}.parquet" for group, backend in HBM_JOBS]
-
-
-def _hbm_pattern(names):
-    return "|".join(re.escape(n) for n in dict.fromkeys(names))
+HBM_PARTS = [f"{HBM}/parts/{group}/{backend}.parquet" for group, backend in HBM_JOBS]
+HBM_GROUP_PATTERN = "|".join(re.escape(g) for g in dict.fromkeys(HBM_PLAN.groups))
+HBM_BACKEND_PATTERN = "|".join(re.escape(b) for b in dict.fromkeys(b for _, b in HBM_JOBS))
 
 
 rule hbm:
@@ -38,8 +34,8 @@ rule hbm:
     benchmark:
         f"{BENCHMARKS}/hbm/{{group}}/{{backend}}.tsv"
     wildcard_constraints:
-        group=_hbm_pattern(HBM_PLAN.groups),
-        backend=_hbm_pattern(b for _, b in HBM_JOBS),
+        group=HBM_GROUP_PATTERN,
+        backend=HBM_BACKEND_PATTERN,
     params:
         lease="attnbench lease --" if ON_GPU else "",
         backends=lambda w: "" if w.backend == "all" else f"--backend {w.backend}",
@@ -55,7 +51,7 @@ rule hbm:
 
 rule hbm_table:
     input:
-        hbm_parts,
+        HBM_PARTS,
     output:
         HBM_TABLE,
     log:
@@ -89,7 +85,7 @@ rule hbm_figures:
     log:
         f"{LOGS}/hbm/figures.log",
     params:
-        folder=f"{HBM}/figures",
+        folder=lambda wildcards, output: os.path.dirname(output[0]),
     conda:
         "../envs/attnbench.yaml"
     shell:
