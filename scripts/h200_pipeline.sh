@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Reference run of the pipeline on one GPU (issue 3): the paper sweep (config/sweeps/paper.yaml)
 # through Snakemake itself, up to the rendered report; then into $OUT:
-#   microbench-paper.parquet   every results row of the sweep
-#   paper-outputs.tar.gz       tables (md/tex/csv), figures (png/svg), env files, logs, job benchmarks
+#   microbench-<sweep>.parquet every results row of the sweep
+#   <sweep>-outputs.tar.gz     tables (md/tex/csv), figures (png/svg), env files, logs, job benchmarks
 #   report.html                the executed report (figures embedded)
 # Needs snakemake, jupytext, nbconvert and ipykernel importable (installed from wheels beforehand).
 # usage (GPU host, repository root): ATTNBENCH_GIT_SHA=<sha> OUT=<dir> bash scripts/h200_pipeline.sh
 set -uo pipefail
 OUT=${OUT:-results/h200-pipeline}
-SWEEP=paper
+SWEEP=${SWEEP:-paper}  # config/sweeps/$SWEEP.yaml
 RESULTS=results/$SWEEP
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -28,7 +28,7 @@ echo "snakemake $(snakemake --version 2>&1 | tail -1); $(python3 -m jupytext --v
 # (attnbench guard), so aggregation and the report still run inside the 8-minute budget.
 export ATTNBENCH_DEADLINE=$((started + ${BENCH_BUDGET_S:-360}))
 rm -rf "$RESULTS" "reports/$SWEEP"
-timeout "${SNAKEMAKE_BUDGET_S:-450}" snakemake report --configfile config/sweeps/paper.yaml --cores all \
+timeout "${SNAKEMAKE_BUDGET_S:-450}" snakemake report --configfile "config/sweeps/$SWEEP.yaml" --cores all \
   > "$OUT/snakemake.log" 2>&1
 echo "snakemake exited with $? after $(( $(date +%s) - started )) s"
 grep -E "^attnbench: |steps \(|Error|error" "$OUT/snakemake.log" | tail -20
@@ -39,21 +39,21 @@ if [ ! -f "$RESULTS/microbench.parquet" ] && ls "$RESULTS"/microbench/*/*.parque
   attnbench aggregate --merged "$RESULTS/microbench.parquet" --tables "$RESULTS/tables" \
     --figures "$RESULTS/figures" "$RESULTS"/microbench/*/*.parquet || echo "aggregate failed"
 fi
-[ -f "$RESULTS/microbench.parquet" ] && cp "$RESULTS/microbench.parquet" "$OUT/microbench-paper.parquet"
+[ -f "$RESULTS/microbench.parquet" ] && cp "$RESULTS/microbench.parquet" "$OUT/microbench-$SWEEP.parquet"
 [ -f "reports/$SWEEP/report.html" ] && cp "reports/$SWEEP/report.html" "$OUT/report.html"
 mv "$OUT/snakemake.log" "$RESULTS/snakemake.log" 2>/dev/null || true
-tar -czf "$OUT/paper-outputs.tar.gz" --ignore-failed-read "$RESULTS/tables" "$RESULTS/figures" "$RESULTS/env" \
+tar -czf "$OUT/$SWEEP-outputs.tar.gz" --ignore-failed-read "$RESULTS/tables" "$RESULTS/figures" "$RESULTS/env" \
   "$RESULTS/logs" "$RESULTS/benchmarks" "$RESULTS/snakemake.log" 2>/dev/null || echo "tar reported a problem"
 ls -la "$OUT"
 
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$SWEEP" <<'PY'
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-out = Path(sys.argv[1])
-path = out / "microbench-paper.parquet"
+out, sweep = Path(sys.argv[1]), sys.argv[2]
+path = out / f"microbench-{sweep}.parquet"
 if not path.is_file():
     sys.exit("no merged results")
 df = pd.read_parquet(path)
@@ -61,9 +61,9 @@ print(df.groupby(["backend", "status"]).size().unstack(fill_value=0).to_string()
 ok = df[df.status == "ok"]
 pre = ok[ok["mode"].isin(["fwd", "fwd_bwd"])].pivot_table(index=["mode", "causal", "backend"], columns="seq_kv",
                                                            values="tflops", aggfunc="max")
-print("\nTFLOP/s (prefill, bf16, B4 H16 D128)\n" + pre.round(0).to_string())
+print("\nTFLOP/s (prefill)\n" + pre.round(1).to_string())
 dec = ok[ok["mode"] == "decode"].pivot_table(index=["dtype", "layout", "backend"], columns="seq_kv", values="gbps",
                                              aggfunc="max")
-print("\nGB/s (decode, B64 Hq32 D128)\n" + dec.round(0).to_string())
+print("\nGB/s (decode)\n" + dec.round(1).to_string())
 PY
 echo "total $(( $(date +%s) - started )) s"

@@ -72,9 +72,13 @@ def test_default_config_merges_overrides(tmp_path):
     pipeline.load_sweep(merged, ["c-naive"])
 
 
-def test_shipped_configs_are_valid():
-    for path in [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "sweeps").glob("*.yaml"))]:
-        pipeline.load_sweep(yaml.safe_load(path.read_text()), ["c-naive"])
+@pytest.mark.parametrize("path", [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "sweeps").glob("*.yaml"))],
+                         ids=lambda p: p.name)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_shipped_configs_are_valid(path, device):
+    rule_backends = [p.stem for p in (REPO / "workflow" / "rules" / "backends").glob("*.smk")]
+    sweep = pipeline.load_sweep(yaml.safe_load(path.read_text()), rule_backends, device=device)
+    assert sweep.jobs() and sweep.device == device
 
 
 def test_snapshot_is_content_addressed(tmp_path):

@@ -80,7 +80,7 @@ def throughput_vs_context(df: pd.DataFrame) -> plt.Figure:
     grid = sns.relplot(data=sub, kind="line", x="seq_kv", y="tflops", hue="backend", style="causal",
                        col="mode", row="dtype", markers=True, height=3.2, aspect=1.3,
                        facet_kws={"sharey": False})
-    grid.set(xscale="log")
+    grid.set(xscale="log", yscale="log")  # fused and unfused backends differ by 10-100x
     for ax in grid.axes.flat:
         ax.set_xticks(sorted(sub["seq_kv"].unique()), labels=[str(s) for s in sorted(sub["seq_kv"].unique())])
         ax.minorticks_off()
@@ -97,7 +97,7 @@ def decode_bandwidth(df: pd.DataFrame) -> plt.Figure:
         return _placeholder(title, "no measured decode rows")
     grid = sns.relplot(data=sub, kind="line", x="seq_kv", y="gbps", hue="backend", col="layout", row="dtype",
                        markers=True, height=3.2, aspect=1.1, facet_kws={"sharey": False})
-    grid.set(xscale="log")
+    grid.set(xscale="log", yscale="log")
     bw = sub["peak_bytes_per_s"].median()
     for ax in grid.axes.flat:
         if bw == bw:

@@ -90,10 +90,13 @@ class Sweep:
         return "|".join(re.escape(n) for n in dict.fromkeys(names))
 
 
-def load_sweep(config: dict, rule_backend_files: list[str]) -> Sweep:
-    """Validate, resolve the device, and check what the schema cannot: rule backends and duplicate cases."""
+def load_sweep(config: dict, rule_backend_files: list[str], device: str | None = None) -> Sweep:
+    """Validate, resolve the device, and check what the schema cannot: rule backends and duplicate cases.
+
+    ``device`` plans that device's grid without asking torch (to check a config meant for another host).
+    """
     filled = validate_config(copy.deepcopy(config))
-    device, why = resolve_device(filled)
+    device, why = (device, f"planned for {device}") if device else resolve_device(filled)
     filled["device"] = device
     plan = microbench_plan(filled, device)
     where = f"microbench.{device}.rule_backends"

@@ -71,6 +71,11 @@ if ridge == ridge:
     lines.append(f"The ridge point is about **{ridge:.3g} FLOP/byte**: a kernel whose intensity "
                  "(FLOPs per byte it must move) is below it can at best run at memory speed; above it, "
                  "at matmul speed.")
+over = ok[ok["frac_of_peak"] > 1.05]
+if len(over):
+    lines.append(f"{len(over)} rows reach more than 100% of the roofline (up to {pct(over['frac_of_peak'].max())}): "
+                 "the ceilings are single measurements at the start of the sweep (one matmul size, one copy "
+                 "size), so a kernel that beats them shows where they understate the machine's peak.")
 unavailable = df[df["status"] == "unavailable"].drop_duplicates("backend")
 for row in unavailable.itertuples():
     lines.append(f"- `{row.backend}` could not run here: {row.reason}")

@@ -49,7 +49,8 @@ BENCHMARKS = f"{RESULTS}/benchmarks"
 ON_GPU = SWEEP.device == "cuda"
 # CPU timing needs the whole machine: a CPU job takes every core, so jobs run one at a time.
 # A GPU job takes one GPU (a `gpu` token plus a lease that sets CUDA_VISIBLE_DEVICES) and a few cores.
-JOB_THREADS = min(4, workflow.cores) if ON_GPU else workflow.cores
+CORES = workflow.cores or 1  # unset in some modes (e.g. --lint without a profile)
+JOB_THREADS = min(4, CORES) if ON_GPU else CORES
 GPU_LEASE = "--gpu-lease" if ON_GPU else ""
 
 # The stage contract (docs/pipeline.md): stage files append to these lists; rules read them
