@@ -62,7 +62,10 @@ def test_sweep_writes_results_tables_figures_and_report(run):
     assert set(df.loc[df.backend == "sdpa-cudnn", "status"]) == {"unavailable"}
     assert set(df.loc[df.backend.isin(["eager", "sdpa-math"]), "status"]) == {"ok"}
     naive = df[df.backend == "c-naive"].set_index(["mode", "dtype"])["status"]
-    assert naive.loc[("fwd", "fp32")].eq("ok").all() and naive.drop(("fwd", "fp32")).eq("unsupported").all()
+    if shutil.which("cc"):  # the rule backend builds and runs fwd fp32, refuses the rest
+        assert naive.loc[("fwd", "fp32")].eq("ok").all() and naive.drop(("fwd", "fp32")).eq("unsupported").all()
+    else:  # no compiler: every row says so
+        assert naive.eq("unavailable").all()
     for name in TABLE_NAMES:
         for ext in FORMATS:
             assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0

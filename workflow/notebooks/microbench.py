@@ -90,9 +90,9 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
     out = []
     prefill, shape = tables.reference_slice(frame[frame["status"] == "ok"], tables.PREFILL, by_layout=False)
     if len(prefill):
-        longest = prefill["seq_kv"].max()
-        at = prefill[prefill["seq_kv"] == longest]
-        for (mode, dtype, causal), g in at.groupby(["mode", "dtype", "causal"], observed=True):
+        for (mode, dtype, causal), g in prefill.groupby(["mode", "dtype", "causal"], observed=True):
+            longest = g["seq_kv"].max()  # the longest context measured in this regime
+            g = g[g["seq_kv"] == longest]
             best = g.sort_values("tflops", ascending=False).iloc[0]
             rest = g[g["backend"] != best["backend"]]
             margin = (f", {best['tflops'] / rest['tflops'].max():.2f}x the next ({rest.sort_values('tflops').iloc[-1]['backend']})"
@@ -103,8 +103,9 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
                        f"({best['intensity']:.3g} FLOP/B).")
     decode, shape = tables.reference_slice(frame[frame["status"] == "ok"], ("decode",), by_layout=True)
     if len(decode):
-        longest = decode["seq_kv"].max()
-        for (layout, dtype), g in decode[decode["seq_kv"] == longest].groupby(["layout", "dtype"], observed=True):
+        for (layout, dtype), g in decode.groupby(["layout", "dtype"], observed=True):
+            longest = g["seq_kv"].max()
+            g = g[g["seq_kv"] == longest]
             best = g.sort_values("gbps", ascending=False).iloc[0]
             share = best["gbps"] * 1e9 / best["peak_bytes_per_s"]
             out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): `{best['backend']}` at "

@@ -1,0 +1,53 @@
+"""Report rendering: jupytext sources joined, executed, and written as HTML, with or without nbconvert's templates."""
+import base64
+
+import pytest
+
+from attnbench.report import notebook
+
+SOURCE = '''# %% [markdown]
+# # Title from markdown
+
+# %%
+import os
+from IPython.display import Image, Markdown, display
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot([1, 2])
+buf = __import__("io").BytesIO()
+fig.savefig(buf, format="png")
+display(Markdown("| backend | value |\\n|---|---|\\n| eager | " + os.environ["ATTNBENCH_RESULTS"][-7:] + " |"))
+display(Image(buf.getvalue()))
+'''
+
+
+@pytest.fixture
+def sources(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text(SOURCE)
+    b.write_text("# %% [markdown]\n# ## Second stage\n")
+    (tmp_path / "results").mkdir()
+    return [a, b], tmp_path / "results"
+
+
+@pytest.mark.parametrize("templates", [True, False], ids=["nbconvert", "plain"])
+def test_render_joins_executes_and_embeds(sources, tmp_path, monkeypatch, templates):
+    if not templates:
+        monkeypatch.setattr(notebook, "find_templates", lambda: False)
+    elif not notebook.find_templates():
+        pytest.skip("nbconvert's templates are not installed here")
+    files, results = sources
+    out = notebook.render(files, results, tmp_path / "out" / "report.html")
+    page = out.read_text()
+    assert "Title from markdown" in page and "Second stage" in page
+    assert "<td>results</td>" in page  # ran with ATTNBENCH_RESULTS pointing at the results folder
+    png = page.split("data:image/png;base64,")[1].split('"')[0]
+    assert base64.b64decode(png).startswith(b"\x89PNG")
+    assert "import matplotlib" not in page  # code hidden
+
+
+def test_no_notebooks_is_a_clear_error():
+    with pytest.raises(ValueError, match="no notebooks to render"):
+        notebook.join_notebooks([])
