@@ -21,6 +21,12 @@ if ! command -v attnbench >/dev/null 2>&1; then
   chmod +x "$shim/attnbench"
   export PATH="$shim:$PATH"
 fi
+# Wheels installed with `pip --target` keep nbconvert's templates under <target>/share/jupyter, which
+# Jupyter does not search by itself (the report rule failed on the H200 host without this).
+IFS=: read -ra site_dirs <<< "${PYTHONPATH:-}"
+for d in "${site_dirs[@]}"; do
+  [ -d "$d/share/jupyter" ] && export JUPYTER_PATH="$d/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv || true
 echo "snakemake $(snakemake --version 2>&1 | tail -1); $(python3 -m jupytext --version 2>&1 | tail -1) jupytext; nbconvert $(python3 -c 'import nbconvert; print(nbconvert.__version__)' 2>&1 | tail -1)"
 
