@@ -16,17 +16,13 @@ import pandas as pd
 
 
 def _cmd_backends(args) -> int:
-    from attnbench.kernels.registry import all_backends, safe_available
+    from attnbench.kernels.registry import all_backends, safe_available, safe_version
 
     rows = []
     for name, backend in all_backends().items():
         ok, reason = safe_available(backend)
-        try:
-            version = backend.version()
-        except Exception as err:
-            version = f"unknown ({type(err).__name__})"
         rows.append({"backend": name, "family": backend.family, "status": "available" if ok else "unavailable",
-                     "version": version, "reason": reason or ""})
+                     "version": safe_version(backend), "reason": reason or ""})
     df = pd.DataFrame(rows)
     if args.format == "json":
         print(df.to_json(orient="records", indent=2))

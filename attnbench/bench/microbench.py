@@ -24,7 +24,7 @@ from attnbench.bench.numerics import Baselines, baselines, check_numerics
 from attnbench.bench.provenance import environment, kernel_names, sm_clock_mhz, timestamp
 from attnbench.bench.results import empty_row
 from attnbench.bench.timing import DRIFT_LIMIT, Timing, time_callable
-from attnbench.kernels.registry import Backend, get_backend, safe_available
+from attnbench.kernels.registry import Backend, get_backend, safe_available, safe_version
 
 
 @dataclass
@@ -39,6 +39,21 @@ class RunOptions:
     rep_ms: float = 100
     cpu_min_run_time_s: float = 0.2
     ceilings: Ceilings | None = None
+
+
+def base_row(case: Case, backend: Backend, device: str, ceilings: Ceilings | None) -> dict:
+    """A results row with everything known before running: case fields, provenance, FLOPs, bytes, ceilings."""
+    row = empty_row()
+    row.update(case.fields())
+    row.update(environment(device))
+    row.update(case_id=case.case_id, backend=backend.name, backend_version=safe_version(backend),
+               compute_dtype=backend.compute_dtype or case.dtype,
+               flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
+               bytes_model=conventions.bytes_model(case, backend.family))
+    if ceilings:
+        row["peak_flops"] = ceilings.peak_flops(case.dtype)
+        row["peak_bytes_per_s"] = ceilings.copy_bytes_per_s
+    return row
 
 
 def _one_line(err: BaseException, caught: list | None = None) -> str:
@@ -74,21 +89,8 @@ class _Job:
                              rep_ms=o.rep_ms, cpu_min_run_time_s=o.cpu_min_run_time_s, estimate_s=estimate_s)
 
     def base_row(self, case: Case, backend: Backend) -> dict:
-        row = empty_row()
-        row.update(case.fields())
-        row.update(self.env)
-        row.update(sweep=self.options.sweep, group=self.options.group, case_id=case.case_id,
-                   backend=backend.name, timestamp=timestamp(), reason="",
-                   compute_dtype=backend.compute_dtype or case.dtype,
-                   flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
-                   bytes_model=conventions.bytes_model(case, backend.family))
-        try:
-            row["backend_version"] = backend.version()
-        except Exception as err:
-            row["backend_version"] = f"unknown ({type(err).__name__})"
-        if self.options.ceilings:
-            row["peak_flops"] = self.options.ceilings.peak_flops(case.dtype)
-            row["peak_bytes_per_s"] = self.options.ceilings.copy_bytes_per_s
+        row = base_row(case, backend, self.options.device, self.options.ceilings)
+        row.update(sweep=self.options.sweep, group=self.options.group, timestamp=timestamp(), reason="")
         return row
 
     def measure(self, case: Case, backend: Backend, tensors) -> dict:

@@ -30,8 +30,9 @@ import pandas as pd
 from attnbench.bench import conventions
 from attnbench.bench.case import Case
 from attnbench.bench.ceilings import Ceilings
-from attnbench.bench.provenance import environment, timestamp
-from attnbench.bench.results import COLUMNS, empty_row, read_results, to_frame
+from attnbench.bench.microbench import base_row
+from attnbench.bench.provenance import timestamp
+from attnbench.bench.results import COLUMNS, read_results, to_frame
 from attnbench.hbm import ncu as ncu_cli
 from attnbench.kernels.registry import get_backend
 
@@ -261,21 +262,7 @@ def _time_rows(cases: list[Case], backends: list[str], options: HbmOptions,
 # --------------------------------------------------------------------------- rows
 
 def _base_row(case: Case, backend_name: str, options: HbmOptions) -> dict:
-    backend = get_backend(backend_name)
-    row = empty_row()
-    row.update(case.fields())
-    row.update(environment(options.device))
-    row.update(case_id=case.case_id, backend=backend.name, compute_dtype=backend.compute_dtype or case.dtype,
-               flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
-               bytes_model=conventions.bytes_model(case, backend.family))
-    try:
-        row["backend_version"] = backend.version()
-    except Exception as err:
-        row["backend_version"] = f"unknown ({type(err).__name__})"
-    if options.ceilings:
-        row["peak_flops"] = options.ceilings.peak_flops(case.dtype)
-        row["peak_bytes_per_s"] = options.ceilings.copy_bytes_per_s
-    return row
+    return base_row(case, get_backend(backend_name), options.device, options.ceilings)
 
 
 def _seconds(row: dict) -> float:

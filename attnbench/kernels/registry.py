@@ -168,6 +168,14 @@ def get_backend(name: str) -> Backend:
     return backends[name]
 
 
+def safe_version(backend: Backend) -> str:
+    """``version()`` that never raises: a broken install reports "unknown (<error type>)"."""
+    try:
+        return backend.version()
+    except Exception as err:
+        return f"unknown ({type(err).__name__})"
+
+
 def safe_available(backend: Backend) -> tuple[bool, str]:
     """``available()`` with the contract enforced: an exception becomes the reason."""
     try:

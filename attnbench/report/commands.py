@@ -24,7 +24,7 @@ def _cmd_env(args) -> int:
 
     from attnbench.bench.provenance import environment
     from attnbench.config import resolve_device, validate_config
-    from attnbench.kernels.registry import all_backends, safe_available
+    from attnbench.kernels.registry import all_backends, safe_available, safe_version
 
     config = validate_config(json.loads(Path(args.config_in).read_text()))
     device, why = resolve_device(config)
@@ -35,11 +35,7 @@ def _cmd_env(args) -> int:
     backends = {}
     for name, backend in all_backends().items():
         ok, reason = safe_available(backend)
-        try:
-            version = backend.version()
-        except Exception as err:
-            version = f"unknown ({type(err).__name__})"
-        backends[name] = {"available": ok, "version": version, "reason": reason or ""}
+        backends[name] = {"available": ok, "version": safe_version(backend), "reason": reason or ""}
     packages = {}
     for name in ("torch", "triton", "numpy", "pandas", "pyarrow", "snakemake", "seaborn", "matplotlib", "nbconvert",
                  "jupytext", "wandb"):
