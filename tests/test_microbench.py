@@ -88,3 +88,15 @@ def test_existing_results_survive_a_failed_run(config_file, tmp_path):
 def test_cli_backends_lists_status():
     out = subprocess.run([sys.executable, "-m", "attnbench.cli", "backends"], capture_output=True, text=True, check=True)
     assert "sdpa-math" in out.stdout and "available" in out.stdout
+
+
+def test_results_files_get_normal_permissions(tmp_path):
+    import os
+
+    from attnbench.bench.results import write_atomic
+
+    out = tmp_path / "rows.parquet"
+    write_atomic(pd.DataFrame({"case_id": ["x"]}), out)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask

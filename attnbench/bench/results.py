@@ -138,8 +138,11 @@ def write_atomic(df: pd.DataFrame, path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         df.to_parquet(tmp, index=False)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes owner-only files; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
