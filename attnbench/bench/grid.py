@@ -22,6 +22,7 @@ import itertools
 from typing import Any, Iterable
 
 from attnbench.bench.case import Case, CaseError
+from attnbench.keys import reject_unknown_keys
 
 GRID_KEYS = {
     "mode": "fwd",
@@ -100,9 +101,7 @@ def expand_grid(grid: dict, where: str = "grid") -> list[Case]:
     """
     if not isinstance(grid, dict):
         raise GridError(f"{where} must be a mapping of grid keys; allowed keys: {', '.join(GRID_KEYS)}")
-    unknown = sorted(set(grid) - set(GRID_KEYS))
-    if unknown:
-        raise GridError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(GRID_KEYS)}")
+    reject_unknown_keys(grid, GRID_KEYS, where, GridError)
     values = {key: _as_list(grid.get(key, default)) for key, default in GRID_KEYS.items()}
     for key, options in values.items():
         if not options:

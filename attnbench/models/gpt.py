@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from attnbench.bench.case import LAYOUTS
 from attnbench.bench.conventions import forward_flops
 from attnbench.config import ConfigError
+from attnbench.keys import reject_unknown_keys
 from attnbench.models.attention import GroupedQueryAttention, MultiHeadLatentAttention
 from attnbench.models.rope import RopeConfig, RopeConfigError, rope_cos_sin, rope_frequencies
 
@@ -101,10 +102,7 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "GPTConfig":
         """Build from a config mapping (``rope`` may be a mapping); unknown keys are errors naming the allowed ones."""
-        allowed = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(allowed))
-        if unknown:
-            raise ConfigError(f"model: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        reject_unknown_keys(values, [f.name for f in dataclasses.fields(cls)], "model", ConfigError)
         values = dict(values)
         if isinstance(values.get("rope"), dict):
             try:

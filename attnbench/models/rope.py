@@ -39,6 +39,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from attnbench.keys import reject_unknown_keys
+
 METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
 
 
@@ -84,10 +86,7 @@ class RopeConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "RopeConfig":
         """Build from a config mapping; an unknown key is an error naming it and the allowed keys."""
-        allowed = [f.name for f in fields(cls)]
-        for key in values:
-            if key not in allowed:
-                raise RopeConfigError(f"rope: unknown key {key!r}; allowed: {', '.join(allowed)}")
+        reject_unknown_keys(values, [f.name for f in fields(cls)], "rope", RopeConfigError)
         return cls(**values)
 
     def check_model_len(self, model_max_len: int) -> None:

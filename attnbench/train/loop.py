@@ -39,6 +39,7 @@ import torch
 
 from attnbench.bench.provenance import environment, timestamp
 from attnbench.config import ConfigError
+from attnbench.keys import reject_unknown_keys
 from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.train import stability
 from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend
@@ -84,10 +85,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        allowed = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(allowed))
-        if unknown:
-            raise ConfigError(f"train: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        reject_unknown_keys(values, [f.name for f in dataclasses.fields(cls)], "train", ConfigError)
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         return cls(**values)
 
