@@ -30,7 +30,15 @@ FORMATS = ("png", "svg")
 DPI = 110
 
 
-def _placeholder(title: str, note: str) -> plt.Figure:
+def _label_lengths(ax: plt.Axes, lengths: pd.Series) -> None:
+    """Tick a log-scaled length axis at the measured lengths, written out in full."""
+    ticks = sorted(lengths.unique())
+    ax.set_xticks(ticks, labels=[str(t) for t in ticks])
+    ax.minorticks_off()
+
+
+def placeholder(title: str, note: str) -> plt.Figure:
+    """A small figure that says why it has no data (declared outputs always exist)."""
     fig, ax = plt.subplots(figsize=(6, 2))
     ax.axis("off")
     ax.text(0.5, 0.5, note, ha="center", va="center")
@@ -47,7 +55,7 @@ def roofline(df: pd.DataFrame) -> plt.Figure:
     ok = _measured(df).dropna(subset=["intensity", "tflops"])
     title = f"Roofline, {device_text(df)}"
     if ok.empty:
-        return _placeholder(title, "no measured rows")
+        return placeholder(title, "no measured rows")
     ok = ok.assign(flops_per_s=ok["tflops"] * 1e12)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     sns.scatterplot(data=ok, x="intensity", y="flops_per_s", hue="backend", style="mode", s=45, alpha=0.85, ax=ax)
@@ -75,15 +83,14 @@ def throughput_vs_context(df: pd.DataFrame) -> plt.Figure:
     sub = _measured(sub)
     title = f"Throughput vs context ({shape}), {device_text(df)}"
     if sub.empty:
-        return _placeholder(title, "no measured fwd/fwd_bwd rows")
+        return placeholder(title, "no measured fwd/fwd_bwd rows")
     sub = sub.assign(causal=sub["causal"].map({True: "causal", False: "full"}))
     grid = sns.relplot(data=sub, kind="line", x="seq_kv", y="tflops", hue="backend", style="causal",
                        col="mode", row="dtype", markers=True, height=3.2, aspect=1.3,
                        facet_kws={"sharey": False})
     grid.set(xscale="log", yscale="log")  # fused and unfused backends differ by 10-100x
     for ax in grid.axes.flat:
-        ax.set_xticks(sorted(sub["seq_kv"].unique()), labels=[str(s) for s in sorted(sub["seq_kv"].unique())])
-        ax.minorticks_off()
+        _label_lengths(ax, sub["seq_kv"])
     grid.set_axis_labels("context length S", "TFLOP/s")
     grid.figure.suptitle(title, y=1.02, fontsize=10)
     return grid.figure
@@ -94,7 +101,7 @@ def decode_bandwidth(df: pd.DataFrame) -> plt.Figure:
     sub = _measured(sub)
     title = f"Decode bandwidth ({shape}), {device_text(df)}"
     if sub.empty:
-        return _placeholder(title, "no measured decode rows")
+        return placeholder(title, "no measured decode rows")
     grid = sns.relplot(data=sub, kind="line", x="seq_kv", y="gbps", hue="backend", col="layout", row="dtype",
                        markers=True, height=3.2, aspect=1.1, facet_kws={"sharey": False})
     grid.set(xscale="log", yscale="log")
@@ -103,8 +110,7 @@ def decode_bandwidth(df: pd.DataFrame) -> plt.Figure:
         if bw == bw:
             ax.axhline(bw / 1e9, color="black", lw=1, ls="--")
             ax.text(ax.get_xlim()[0], bw / 1e9, " measured copy bandwidth", va="bottom", fontsize=7)
-        ax.set_xticks(sorted(sub["seq_kv"].unique()), labels=[str(s) for s in sorted(sub["seq_kv"].unique())])
-        ax.minorticks_off()
+        _label_lengths(ax, sub["seq_kv"])
     grid.set_axis_labels("KV length", "GB/s (bytes_model / time)")
     grid.figure.suptitle(title, y=1.02, fontsize=10)
     return grid.figure
@@ -114,7 +120,7 @@ def error_ratio(df: pd.DataFrame) -> plt.Figure:
     sub = df[df["status"].isin(("ok", "numerics_fail"))].dropna(subset=["err_ratio_vs_math"])
     title = f"Error vs fp64, relative to sdpa-math in the same dtype, {device_text(df)}"
     if sub.empty:
-        return _placeholder(title, "no rows with numerics")
+        return placeholder(title, "no rows with numerics")
     fig, ax = plt.subplots(figsize=(8, 4))
     sns.stripplot(data=sub, x="backend", y="err_ratio_vs_math", hue="dtype", dodge=True, alpha=0.7, ax=ax)
     ax.set_yscale("log")

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from attnbench.report.figures import placeholder  # noqa: E402
 from attnbench.report.tables import Table, fmt  # noqa: E402
 from attnbench.train import experiments as ex  # noqa: E402
 
@@ -57,14 +58,6 @@ def _nothing(note: str) -> pd.DataFrame:
     return pd.DataFrame({"note": [note]})
 
 
-def _empty_figure(title: str, note: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(6, 2))
-    ax.axis("off")
-    ax.text(0.5, 0.5, note, ha="center", va="center")
-    ax.set_title(title)
-    return fig
-
-
 def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
     final = div.sort_values("step").groupby("run").tail(1) if len(div) else div
     kernel = final.loc[final["swap"] == "backend", "rel_l2"].max() if len(final) else float("nan")
@@ -82,7 +75,7 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
                          f"attention shape ({shape}); same inputs for every backend.",
                          num[keep].set_index(["backend", "dtype"]) if len(num) else _nothing("no backend ran")))
     if div.empty:
-        return tables, _empty_figure("Weight divergence", "no snapshots to compare")
+        return tables, placeholder("Weight divergence", "no snapshots to compare")
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, metric in zip(axes, ("max_abs", "rel_l2", "wasserstein")):
         data = div[div[metric] > 0]
@@ -135,7 +128,7 @@ def fp8_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
                          "each run's own tensors (attnbench.train.precision).", long.set_index("column")))
     ok = steps.dropna(subset=["loss"]) if len(steps) else steps
     if ok.empty:
-        return tables, _empty_figure("FP8 recipes", "no run trained")
+        return tables, placeholder("FP8 recipes", "no run trained")
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     sns.lineplot(data=ok, x="step", y="loss", hue="variant", ax=a)
     a.set_title("training loss")
@@ -157,7 +150,7 @@ def layouts_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
                      f"DeepSeek-V2 Table 1). {_device(runs)}.", frame.set_index("variant"))]
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
-        return tables, _empty_figure("Layouts", "no layout trained")
+        return tables, placeholder("Layouts", "no layout trained")
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     sns.scatterplot(data=ok, x="tokens_per_s", y="final_val_loss", hue="variant", size="kv_bytes_per_token_bf16",
                     sizes=(60, 400), ax=a)
