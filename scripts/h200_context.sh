@@ -17,7 +17,7 @@ set -uo pipefail
 OUT=${OUT:-results/h200-context}
 WORK=${WORK:-/tmp/attnbench-h200-context}
 BUDGET_S=${BUDGET_S:-290}   # the whole script
-COST_S=${COST_S:-165}       # of which the cost experiment
+COST_S=${COST_S:-$((BUDGET_S * 57 / 100))}  # of which the cost experiment
 STEPS=${STEPS:-500}         # pretraining steps (fine-tunes are 5% of it)
 mkdir -p "$OUT" "$WORK/cost" "$WORK/capability"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

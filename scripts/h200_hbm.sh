@@ -54,13 +54,14 @@ with() { local g=$1; shift; local a=(--group "$g"); for b in "$@"; do a+=(--back
 
 core=(sdpa-flash sdpa-cudnn sdpa-efficient sdpa-math eager flex)
 # shellcheck disable=SC2046
-part decode 40 $(with decode "${core[@]}")
+# prefill first (it holds the anchor), then what a short lease may leave out
 part fwd 60 $(with fwd "${core[@]}")
 part mla 30 --group mla
 if [ ${#extra[@]} -gt 0 ]; then
-  part decode-extra 30 $(with decode "${extra[@]}")
   part fwd-extra 40 $(with fwd "${extra[@]}")
+  part decode-extra 30 $(with decode "${extra[@]}")
 fi
+part decode 40 $(with decode "${core[@]}")
 
 parts=("$work"/parts/*.parquet)
 if [ -e "${parts[0]}" ]; then

@@ -39,6 +39,16 @@ def test_graph_replay_for_short_or_host_bound_calls(device_s, host_s, graph):
     assert wants_graph(device_s, host_s) is graph
 
 
+@pytest.mark.parametrize("estimate_s, reps", [
+    (40e-3, timing.MIN_REPS),  # a slow decode call: the floor, not seconds of replays
+    (1e-3, 100),  # 100 ms of replays at 1 ms a call
+    (10e-6, timing.MAX_GRAPH_REPS),  # short calls: the cap
+    (None, timing.MAX_GRAPH_REPS),  # no estimate: the cap
+])
+def test_graph_replays_fill_the_rep_budget(estimate_s, reps):
+    assert timing.graph_reps_for(estimate_s, rep_ms=100) == reps
+
+
 def test_cpu_timer_is_torch_utils_benchmark():
     x = torch.randn(64, 64)
     t = time_callable(lambda: x @ x, "cpu", cpu_min_run_time_s=0.02)

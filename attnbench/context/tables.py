@@ -19,6 +19,8 @@ LABELS = {"none": "none (extrapolation)", "linear": "PI (linear)", "ntk": "NTK-a
 
 
 def _pivot(df: pd.DataFrame, value: str) -> pd.DataFrame:
+    if df.empty or value not in df:  # e.g. no passkey evaluation: a model too small for it
+        return pd.DataFrame(columns=["method", "s", "extended to", "finetune_steps"])
     rows = df.copy()
     rows["window"] = (rows["train_len"] * rows["factor"]).round().astype(int)
     table = rows.pivot_table(index=ROW_KEYS, columns="eval_len", values=value, aggfunc="first")
