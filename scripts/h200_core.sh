@@ -2,13 +2,13 @@
 # Reference run of the harness core on one GPU (issue 2): GPU-marked tests, ceilings, then the groups of
 # config/sweeps/core-h200.yaml, one process per group (all its backends), each under the time left;
 # merged into $OUT/microbench-core.parquet with the log and ceilings.
-# GROUPS picks groups (default: all of them); with KEEP=<earlier microbench-core.parquet>, that file's rows of
+# CORE_GROUPS picks groups (default: all of them); with KEEP=<earlier microbench-core.parquet>, that file's rows of
 # groups not run now are kept in the merged file (each row carries its own git sha and timestamp).
-# usage (GPU host, repository root): ATTNBENCH_GIT_SHA=<sha> OUT=<dir> [GROUPS="prefill ..."] [KEEP=<parquet>] bash scripts/h200_core.sh
+# usage (GPU host, repository root): ATTNBENCH_GIT_SHA=<sha> OUT=<dir> [CORE_GROUPS="prefill ..."] [KEEP=<parquet>] bash scripts/h200_core.sh
 set -uo pipefail
 OUT=${OUT:-results/h200-core}
 CONFIG=${CONFIG:-config/sweeps/core-h200.yaml}
-GROUPS=${GROUPS:-decode prefill prefill-unfused prefill-flex prefill-flex-gqa}
+CORE_GROUPS=${CORE_GROUPS:-decode prefill prefill-unfused prefill-flex prefill-flex-gqa}
 KEEP=${KEEP:-}
 work=/tmp/attnbench-h200-core
 rm -rf "$work"; mkdir -p "$OUT" "$work"
@@ -17,7 +17,7 @@ deadline=$((SECONDS + ${BUDGET_S:-300}))
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv | tee "$OUT/gpu.txt"
 timeout 60 python3 -m pytest -q -m gpu tests/test_backends.py 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
 python3 -m attnbench.cli ceilings --out "$OUT/ceilings.json"
-for group in $GROUPS; do
+for group in $CORE_GROUPS; do
   left=$((deadline - SECONDS - 15))
   if [ $left -lt 20 ]; then echo "skip $group: out of time"; continue; fi
   echo "== $group ($left s left) $(date -u +%T)" | tee -a "$work/log.txt"
