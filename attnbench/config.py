@@ -31,9 +31,27 @@ def load_schema() -> dict:
 SECTIONS = ("hbm", "pretrain", "context", "report")  # each validated by schemas/<section>.schema.yaml
 
 
-def _section_schema(section: str) -> dict | None:
+def section_schema(section: str) -> dict | None:
+    """The schema of a top-level config section (schemas/<section>.schema.yaml); None if it has none."""
     path = files("attnbench") / "schemas" / f"{section}.schema.yaml"
     return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
+def section_defaults(section: str) -> dict:
+    """A section as a config that leaves it out gets it: the schema's defaults, filled in."""
+    return _with_defaults({}, section_schema(section))
+
+
+def validate_section(value: dict, schema: dict, where: str) -> dict:
+    """Check ``value`` against ``schema`` and return it with the schema's defaults filled in.
+
+    ``where`` is the value's dotted key in the config (``hbm``, ``context.capability.cuda``; ``""``
+    for the whole config); the ConfigError names the offending key below it, e.g. ``hbm.ledger.batch: ...``.
+    """
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError(_schema_message(errors[0], where))
+    return _with_defaults(value, schema)
 
 
 def _with_defaults(instance: dict, schema: dict) -> dict:
@@ -47,8 +65,9 @@ def _with_defaults(instance: dict, schema: dict) -> dict:
     return out
 
 
-def _schema_message(err: jsonschema.ValidationError) -> str:
-    where = ".".join(str(p) for p in err.absolute_path) or "config"
+def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
+    """One line naming the key: ``root`` (the validated value's own key, if any) joined to the error's path."""
+    where = ".".join(str(p) for p in [*([root] if root else []), *err.absolute_path]) or "config"
     if err.validator == "additionalProperties":
         allowed = ", ".join(err.schema.get("properties", {})) or "none"
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
@@ -62,21 +81,11 @@ def validate_config(config: dict) -> dict:
     """Schema-check (with defaults), then check backends and expand every grid. Returns the filled config."""
     if not isinstance(config, dict):
         raise ConfigError("config must be a mapping; see config/README.md")
-    schema = load_schema()
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        raise ConfigError(_schema_message(errors[0]))
-    config = _with_defaults(config, schema)
+    config = validate_section(config, load_schema(), "")
     for section in SECTIONS:
-        sub = _section_schema(section)
-        if sub is None:
-            continue
-        value = config.get(section, {})
-        errors = sorted(jsonschema.Draft202012Validator(sub).iter_errors(value), key=lambda e: list(e.absolute_path))
-        if errors:
-            message = _schema_message(errors[0])
-            raise ConfigError(f"{section}.{message}" if not message.startswith("config") else section + message[6:])
-        config[section] = _with_defaults(value, sub)
+        sub = section_schema(section)
+        if sub is not None:
+            config[section] = validate_section(config.get(section, {}), sub, section)
     known = backend_names()
     for device in config["microbench"]:
         lists = {f"microbench.{device}.backends": config["microbench"][device]["backends"]}

@@ -159,18 +159,6 @@ def fa3_style_table(df: pd.DataFrame, *, mode: str, causal: bool, dtype: str, he
     return "\n".join(lines)
 
 
-def kv_bytes(row) -> float:
-    """Bytes a decode call moves, with an fp8 KV cache counted at one byte per element."""
-    from attnbench.bench.case import Case
-    from attnbench.bench.conventions import kv_cache_bytes
-
-    if row["compute_dtype"] != "fp8" or row["mode"] != "decode":
-        return row["bytes_model"]
-    case = Case(**{f: row[f] for f in ("mode", "layout", "batch", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v",
-                                       "seq_q", "seq_kv", "causal", "dtype", "page_size")})
-    return row["bytes_model"] - kv_cache_bytes(case) / 2  # bf16/fp16 KV -> e4m3
-
-
 def decode_table(df: pd.DataFrame, *, layout: str, dtype: str) -> str:
     """Markdown: backends (and page size) down, KV length across, bytes / time over the measured copy bandwidth."""
     sel = df[(df["mode"] == "decode") & (df["layout"] == layout) & (df["dtype"] == dtype)]
@@ -185,7 +173,7 @@ def decode_table(df: pd.DataFrame, *, layout: str, dtype: str) -> str:
              "|---|" + "---:|" * len(kvs)]
     for (backend, page), rows in sel.groupby(["backend", "page_size"], sort=False):
         label = backend + (f" (page {page})" if page else "")
-        by_kv = {r["seq_kv"]: _cell(r, f"{kv_bytes(r) / (r['ms_median'] * 1e-3) / r['peak_bytes_per_s']:.2f}")
+        by_kv = {r["seq_kv"]: _cell(r, f"{r['bytes_model'] / (r['ms_median'] * 1e-3) / r['peak_bytes_per_s']:.2f}")
                  for _, r in rows.iterrows()}
         lines.append(f"| {label} | " + " | ".join(by_kv.get(s, "") for s in kvs) + " |")
     return "\n".join(lines)

@@ -179,12 +179,6 @@ def check_fp8(rows: list, head_dim: int) -> None:
         log(f"check fp8 D{head_dim} causal={causal}: {row['status']} err={row.get('err_vs_fp64', float('nan')):.4f}")
 
 
-def fp8_saved_bytes(case) -> float:
-    """Bytes the fp8 forward does not move: Q, K and V at one byte an element instead of two."""
-    return case.batch * (case.heads_q * case.seq_q * case.head_dim_qk
-                         + case.heads_kv * case.seq_kv * (case.head_dim_qk + case.head_dim_v))
-
-
 def rel_diff(triton_backend, ref_backend, case, tensors) -> float:
     """Largest relative Frobenius difference of output (and gradients) between two backends' attention()."""
     import torch
@@ -270,7 +264,7 @@ def describe(row: dict, reports: list, backend, case, tensors, part: str, ceilin
     if part == "fwd_bwd":
         row["bwd_config"] = str(getattr(bwd_kernels.attn_bwd, "best_config", ""))
     if ceilings:
-        case_bytes = bytes_model(case, "fused") - (fp8_saved_bytes(case) if part == "fp8" else 0)
+        case_bytes = bytes_model(case, backend.family, backend.fp8_inputs)  # triton-fp8 reads Q, K, V in e4m3
         row["bound"], row["roofline_fraction"] = roofline_bound(
             row["flops"], case_bytes, row["ms"] * 1e-3, ceilings.peak_flops("fp8" if part == "fp8" else case.dtype),
             ceilings.copy_bytes_per_s)

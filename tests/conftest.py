@@ -1,5 +1,22 @@
+"""Session-wide test setup: the ``gpu`` marker, and Triton's interpreter on CPU-only hosts.
+
+Without CUDA the Triton kernels (tests/test_triton.py) run on CPU tensors in Triton's
+interpreter. Triton decides when a ``@triton.jit`` function is decorated (its own ``tl.zeros``,
+``tl.sum``, ... at ``import triton``) whether it is interpreted, so ``TRITON_INTERPRET=1`` must be
+in the environment before the process first imports Triton; a fixture or ``monkeypatch.setenv``
+comes too late. pytest loads this file before it collects any test module, so it is set here,
+for the whole session: every run on a CPU-only host sees the same value whichever test files it
+selects (the ``triton`` backends are available in every test, and subprocesses inherit it). A
+value already in the environment is kept; tests/test_triton.py checks that interpretation took
+effect. ``import torch`` does not import Triton.
+"""
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

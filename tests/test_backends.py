@@ -69,6 +69,20 @@ def test_registry_lists_every_builtin_with_a_reason_when_unavailable():
         assert ok or reason
 
 
+def test_fp8_backends_name_the_inputs_they_read_in_e4m3_and_rows_count_them_at_one_byte():
+    from attnbench.bench import conventions
+    from attnbench.bench.microbench import base_row
+
+    backends = all_backends()
+    assert {n: b.fp8_inputs for n, b in backends.items() if b.fp8_inputs} == {
+        "fa3-fp8": ("q", "k", "v"), "flashinfer-fp8kv": ("k", "v"), "triton-fp8": ("q", "k", "v")}
+    assert all(bool(b.fp8_inputs) == (b.compute_dtype == "fp8") for b in backends.values())
+    decode = Case(mode="decode", layout="gqa", batch=2, heads_q=8, heads_kv=2, head_dim_qk=64, head_dim_v=64,
+                  seq_q=1, seq_kv=256, causal=False, dtype="bf16")
+    row = base_row(decode, backends["flashinfer-fp8kv"], "cpu", None)
+    assert row["bytes_model"] == conventions.bytes_model(decode, "fused") - conventions.kv_cache_bytes(decode) / 2
+
+
 def test_unknown_backend_lists_the_valid_ones():
     with pytest.raises(BackendError, match=r"backend='fa9' is not known; allowed: .*sdpa-math"):
         get_backend("fa9")

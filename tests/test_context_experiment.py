@@ -102,6 +102,7 @@ def test_original_length_beyond_the_model_is_an_error(spec, checkpoint):
     ({"methods": ["pi"]}, "context.capability.methods.0='pi' is not allowed; allowed: none, linear"),
     ({"rope": {"beta_fast": 1.0, "beta_slow": 2.0}}, "rope.beta_fast"),
     ({"cuda": {"pretrain": {"steps": 0}}}, "context.capability.cuda.pretrain.steps"),
+    ({"cuda": {"bogus": 1}}, "context.capability.cuda: unknown key 'bogus'"),
     ({"train_len": 32}, "context.capability.passkey.enabled"),
 ])
 def test_bad_context_config_names_the_key(config, change, message):

@@ -76,6 +76,29 @@ def test_fused_model_adds_only_the_lse():
     assert cv.bytes_model(c, "fused") == cv.bytes_min(c) + 4 * 16 * 4096 * 4
 
 
+def test_fp8_kv_decode_counts_the_cache_at_one_byte_by_hand():
+    # flashinfer-fp8kv, GQA decode B64 Hq32 Hkv8 Skv4096 D128 bf16: K and V in e4m3, q and o in bf16
+    d = case(mode="decode", layout="gqa", batch=64, heads_q=32, heads_kv=8, seq_q=1, seq_kv=4096)
+    kv8 = 2 * 64 * 8 * 4096 * 128 * 1  # 536,870,912: half of the bf16 cache
+    q = o = 64 * 32 * 1 * 128 * 2  # 524,288 each
+    lse = 64 * 32 * 1 * 4
+    assert cv.kv_cache_bytes(d, ("k", "v")) == kv8 == 536_870_912
+    assert cv.bytes_model(d, "fused", ("k", "v")) == kv8 + q + o + lse == 537_927_680
+    assert cv.bytes_model(d, "fused") == 2 * kv8 + q + o + lse  # the same kernel reading a bf16 cache
+    assert cv.bytes_min(d) == 2 * kv8 + q + o  # the case-dtype floor does not depend on the backend
+
+
+def test_fp8_qkv_forward_counts_inputs_at_one_byte_and_output_at_the_case_dtype():
+    # fa3-fp8 / triton-fp8: Q, K, V in e4m3 (4*16*4096*128 = 33,554,432 bytes each), O bf16, LSE fp32
+    c = case()
+    assert cv.bytes_model(c, "fused", ("q", "k", "v")) == 3 * 33_554_432 + 67_108_864 + 4 * 16 * 4096 * 4
+
+
+def test_fp8_inputs_are_named_among_q_k_v():
+    with pytest.raises(ValueError, match="fp8_inputs: 'o' is not allowed; allowed: q, k, v"):
+        cv.bytes_model(case(), "fused", ("o",))
+
+
 def test_eager_model_counts_score_passes_by_hand():
     c = case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4)
     # bf16 forward: S write+read (2B each), P fp32 write+read (4B), P bf16 write+read (2B): 2+2+4+4+2+2 = 16 B/elem

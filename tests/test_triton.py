@@ -3,10 +3,9 @@
 Without CUDA the kernels run on CPU tensors in Triton's interpreter. Triton
 decides at decoration time whether a ``@triton.jit`` function (its own
 ``tl.zeros``, ``tl.sum``, ... included) is interpreted, so ``TRITON_INTERPRET=1``
-must be set before the first ``import triton`` of the process: this module
-sets it when it is collected on a CPU-only host (no test module imports
-Triton at collection; tests that run Triton on CPU exist only here), and the
-fixture checks that it took effect. The interpreter computes ``tl.dot`` on
+must be set before the first ``import triton`` of the process: tests/conftest.py
+sets it for the session on a CPU-only host, and the fixture checks that it
+took effect. The interpreter computes ``tl.dot`` on
 bfloat16 bit patterns (a documented limitation, triton-lang/triton#11584), so
 on CPU the small cases run in fp16 and the bf16 ones are left to the GPU.
 Shapes are small and off the tile grid (67 rows against 32/16-row tiles,
@@ -28,8 +27,6 @@ from attnbench.kernels import get_backend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the session's first `import triton`: see above
 DEVICE = "cuda" if ON_GPU else "cpu"
 SMALL_DTYPE = "bf16" if ON_GPU else "fp16"
 FP8_ROWS = 128 if ON_GPU else 32  # rows per fp8 scale: GPU tiles are 64-128 rows, the interpreter's 16-32

@@ -23,7 +23,11 @@ Bytes (each tensor at its element size; K and V are sized by K/V heads):
   kernels (FlashAttention-style tiling, Dao et al. 2022) move ``bytes_min``
   (plus the LSE they always write). ``eager`` and ``math`` materialise the
   Sq x Skv score matrix: see :func:`score_bytes`. A paged KV cache adds its
-  page table (:func:`page_table_bytes`) in every family.
+  page table (:func:`page_table_bytes`) in every family. Inputs a backend
+  reads in e4m3 (its ``fp8_inputs``: K and V for ``flashinfer-fp8kv``; Q, K
+  and V for ``fa3-fp8`` and ``triton-fp8``) count one byte per element; its
+  output stays in the case dtype. ``bytes_min`` stays the case-dtype floor, so
+  an fp8 row's ``bytes_model`` can be below it.
 * ``bytes_min_read_write``: ``bytes_min`` split into bytes read and bytes
   written, to set against Nsight Compute's separate DRAM read and write counts.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 from attnbench.bench.case import Case
 
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+FP8_INPUTS = ("q", "k", "v")  # the inputs a backend may read in e4m3 (Backend.fp8_inputs)
 LSE_BYTES = 4  # the log-sum-exp is kept in fp32 by every fused kernel
 BACKWARD_FLOP_FACTOR = 2.5
 LATENCY_FRACTION = 0.2  # under 20% of both ceilings: latency-bound (DESIGN.md)
@@ -55,21 +60,29 @@ def flops(case: Case) -> float:
     return fwd * (1 + BACKWARD_FLOP_FACTOR) if case.has_backward else fwd
 
 
-def _tensor_bytes(case: Case) -> dict[str, float]:
-    e = ELEMENT_BYTES[case.dtype]
+def _tensor_bytes(case: Case, fp8_inputs: tuple[str, ...] = ()) -> dict[str, float]:
+    """Bytes of each tensor at the case dtype; the inputs named in ``fp8_inputs`` at one byte an element."""
+    unknown = sorted(set(fp8_inputs) - set(FP8_INPUTS))
+    if unknown:
+        raise ValueError(f"fp8_inputs: {unknown[0]!r} is not allowed; allowed: {', '.join(FP8_INPUTS)}")
+    e = {name: ELEMENT_BYTES["fp8" if name in fp8_inputs else case.dtype] for name in FP8_INPUTS}
+    e["o"] = ELEMENT_BYTES[case.dtype]
     b = case.batch
     return {
-        "q": b * case.heads_q * case.seq_q * case.head_dim_qk * e,
-        "k": b * case.heads_kv * case.seq_kv * case.head_dim_qk * e,
-        "v": b * case.heads_kv * case.seq_kv * case.head_dim_v * e,
-        "o": b * case.heads_q * case.seq_q * case.head_dim_v * e,
+        "q": b * case.heads_q * case.seq_q * case.head_dim_qk * e["q"],
+        "k": b * case.heads_kv * case.seq_kv * case.head_dim_qk * e["k"],
+        "v": b * case.heads_kv * case.seq_kv * case.head_dim_v * e["v"],
+        "o": b * case.heads_q * case.seq_q * case.head_dim_v * e["o"],
         "lse": b * case.heads_q * case.seq_q * LSE_BYTES,
     }
 
 
-def kv_cache_bytes(case: Case) -> float:
-    """Bytes of K and V (the decode working set): 2·B·Hkv·Skv·D·elt, per DeepSeek-V2 Table 1."""
-    t = _tensor_bytes(case)
+def kv_cache_bytes(case: Case, fp8_inputs: tuple[str, ...] = ()) -> float:
+    """Bytes of K and V (the decode working set): 2·B·Hkv·Skv·D·elt, per DeepSeek-V2 Table 1.
+
+    ``elt`` is the case dtype's size, or 1 for K or V named in ``fp8_inputs`` (an e4m3 cache).
+    """
+    t = _tensor_bytes(case, fp8_inputs)
     if case.layout == "mla":  # the value is the first d_c dims of the cached key: one tensor
         return t["k"]
     return t["k"] + t["v"]
@@ -148,18 +161,32 @@ def score_bytes(case: Case, family: str) -> float:
     return elements * sum(ELEMENT_BYTES[d] for d in score_passes(case, family))
 
 
-def bytes_model(case: Case, family: str) -> float:
+def bytes_model(case: Case, family: str, fp8_inputs: tuple[str, ...] = ()) -> float:
     """Bytes the backend's algorithm moves. Families: fused, eager, math.
+
+    ``fp8_inputs`` (the backend's ``fp8_inputs``) names the inputs among q, k, v
+    that the timed call reads in e4m3, quantised outside it: their forward read
+    counts one byte per element instead of the case dtype's size. For
+    ``flashinfer-fp8kv`` that is the K/V cache (q is read in the case dtype);
+    for ``fa3-fp8`` and ``triton-fp8`` it is Q, K and V. The output (and the LSE)
+    is written at its own size whatever the inputs; the per-tensor or per-block
+    descales are left out with the other small terms. Every fp8 backend here is
+    forward or decode only; a backward would be counted at the case dtype.
 
     Terms of order B·H·S·D beyond ``bytes_min`` (scaling Q, math's fp32 copies of
     the inputs, GQA head repeats) are left out: the score matrix dominates them
     by a factor of Skv/D.
     """
+    # the forward reads Q, K and V once: what reading some of them in fp8 saves (0 without fp8_inputs)
+    fp8_saved = (_tensor_bytes(case)["q"] + kv_cache_bytes(case)
+                 - _tensor_bytes(case, fp8_inputs)["q"] - kv_cache_bytes(case, fp8_inputs))
     if family == "fused":
-        return bytes_min(case) + (0 if case.has_backward else _tensor_bytes(case)["lse"]) + page_table_bytes(case)
-    if family in ("eager", "math"):
-        return bytes_min(case) + score_bytes(case, family) + page_table_bytes(case)
-    raise ValueError(f"family={family!r} is not allowed; allowed: fused, eager, math")
+        extra = 0 if case.has_backward else _tensor_bytes(case)["lse"]
+    elif family in ("eager", "math"):
+        extra = score_bytes(case, family)
+    else:
+        raise ValueError(f"family={family!r} is not allowed; allowed: fused, eager, math")
+    return bytes_min(case) + extra + page_table_bytes(case) - fp8_saved
 
 
 def intensity(flop_count: float, byte_count: float) -> float:

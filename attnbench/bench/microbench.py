@@ -49,7 +49,7 @@ def base_row(case: Case, backend: Backend, device: str, ceilings: Ceilings | Non
     row.update(case_id=case.case_id, backend=backend.name, backend_version=safe_version(backend),
                compute_dtype=backend.compute_dtype or case.dtype,
                flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
-               bytes_model=conventions.bytes_model(case, backend.family))
+               bytes_model=conventions.bytes_model(case, backend.family, backend.fp8_inputs))
     if ceilings:
         row["peak_flops"] = ceilings.peak_flops(case.dtype)
         row["peak_bytes_per_s"] = ceilings.copy_bytes_per_s

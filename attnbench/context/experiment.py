@@ -62,22 +62,16 @@ class Variant:
 
 def capability_spec(context: dict, device: str) -> dict:
     """``context.capability`` for ``device``: on cuda its ``cuda`` block merged over it, checked and filled again."""
-    import jsonschema
-
-    from attnbench.config import _schema_message, _section_schema, _with_defaults
+    from attnbench.config import section_schema, validate_section
     from attnbench.train.experiments import deep_merge
 
     spec = copy.deepcopy(context["capability"])
     cuda = spec.pop("cuda", {})
     if device != "cuda":
         return spec
-    schema = dict(_section_schema("context")["properties"]["capability"])
+    schema = dict(section_schema("context")["properties"]["capability"])
     schema["properties"] = {k: v for k, v in schema["properties"].items() if k != "cuda"}
-    merged = deep_merge(spec, cuda)
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(merged), key=lambda e: list(e.absolute_path))
-    if errors:
-        raise ConfigError(f"context.capability.cuda.{_schema_message(errors[0]).removeprefix('config: ')}")
-    return _with_defaults(merged, schema)
+    return validate_section(deep_merge(spec, cuda), schema, "context.capability.cuda")
 
 
 def rope_config(spec: dict, method: str, factor: float) -> RopeConfig:

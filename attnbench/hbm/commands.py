@@ -69,11 +69,11 @@ def _cmd_table(args) -> int:
 
 
 def _ledger_section(config_path: str | None) -> dict:
-    from attnbench.config import _section_schema, _with_defaults, load_config
+    from attnbench.config import load_config, section_defaults
 
     if config_path:
         return load_config(config_path)["hbm"]["ledger"]
-    return _with_defaults({}, _section_schema("hbm"))["ledger"]  # the schema's defaults, as a config would get
+    return section_defaults("hbm")["ledger"]
 
 
 def _read_tables(paths: list[str] | None) -> pd.DataFrame | None:

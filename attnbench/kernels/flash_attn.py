@@ -176,6 +176,7 @@ class FA3FP8(FA3):
 
     name = "fa3-fp8"
     compute_dtype = "fp8"
+    fp8_inputs = ("q", "k", "v")
     has_backward = False
     head_dims = (64, 128, 256)
 

@@ -248,6 +248,7 @@ class FlashInferFP8KV(_FlashInfer):
 
     name = "flashinfer-fp8kv"
     compute_dtype = "fp8"
+    fp8_inputs = ("k", "v")  # the paged cache; q is read in the case dtype
     quantize_kv = True
 
     def supports(self, case: Case) -> tuple[bool, str]:

@@ -11,7 +11,9 @@ A backend adapts one attention implementation to the harness. The contract
 * ``build(case, tensors) -> callable``: layout conversion and setup happen here,
   the returned zero-argument callable runs only the kernel (and, in fwd_bwd,
   its backward);
-* ``attention(q, k, v, *, causal, scale)``: the autograd-capable call models use.
+* ``attention(q, k, v, *, causal, scale)``: the autograd-capable call models use;
+* fp8 backends only: ``compute_dtype = "fp8"`` and ``fp8_inputs``, the inputs the
+  timed call reads in e4m3 (counted at one byte per element in ``bytes_model``).
 
 Tensors at the contract boundary are BHSD: q (B, Hq, Sq, Dqk), k (B, Hkv, Skv,
 Dqk), v (B, Hkv, Skv, Dv). Causal masks are bottom-right aligned.
@@ -58,6 +60,9 @@ class Backend:
     # quantise bf16/fp16 inputs themselves. Their errors are reported, but the 2x gate (a rule for
     # kernels computing in the input precision) does not apply; only non-finite results fail.
     compute_dtype: str | None = None
+    # Inputs among "q", "k", "v" that the timed call reads in e4m3 (quantised in build): bytes_model
+    # counts them at one byte per element (attnbench.bench.conventions.bytes_model). Set with compute_dtype.
+    fp8_inputs: tuple[str, ...] = ()
 
     def version(self) -> str:
         return torch.__version__

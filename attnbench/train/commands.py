@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-
 from attnbench.config import ConfigError, load_config, resolve_device
 
 
@@ -22,6 +20,8 @@ def _setup(args) -> tuple[dict, str]:
     config = load_config(args.config)
     device = resolve_device(config)[0] if not args.device else args.device
     if device == "cpu":
+        import torch  # here, not at the top: building the parser needs no torch
+
         torch.set_num_threads(args.threads or config["pretrain"]["threads"])
     return config, device
 

@@ -77,6 +77,7 @@ class TritonFP8(_Triton):
     name = "triton-fp8"
     kernel_pattern = r"_attn_fwd"
     compute_dtype = "fp8"
+    fp8_inputs = ("q", "k", "v")
 
     def supports(self, case: Case) -> tuple[bool, str]:
         if case.has_backward:
