@@ -85,6 +85,16 @@ display(Markdown("\n\n".join(lines)))
 # ## Who wins where, and why
 
 # %%
+def not_measured(frame: pd.DataFrame, modes) -> str:
+    """Backends of the sweep with rows in these modes but none ``ok``: a winner is only a winner among the rest."""
+    rows = frame[frame["mode"].isin(modes)]
+    rows = rows[~rows["backend"].isin(rows.loc[rows["status"] == "ok", "backend"])]
+    if rows.empty:
+        return ""
+    first = rows.drop_duplicates("backend")
+    return " Not measured: " + ", ".join(f"`{r.backend}` ({r.status}: {str(r.reason)[:80]})" for r in first.itertuples()) + "."
+
+
 def winners_text(frame: pd.DataFrame) -> list[str]:
     """One sentence per regime: the fastest backend at the longest context, its roofline side and share."""
     out = []
@@ -100,7 +110,7 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             out.append(f"- **{mode}{' causal' if causal else ''} {dtype}, S={longest}** ({shape}): "
                        f"`{best['backend']}` at {best['tflops']:.3g} TFLOP/s{margin}; {best['bound']}-bound, "
                        f"{pct(best['frac_of_peak'])} of the roofline at its intensity "
-                       f"({best['intensity']:.3g} FLOP/B).")
+                       f"({best['intensity']:.3g} FLOP/B)." + not_measured(frame, [mode]))
     decode, shape = tables.reference_slice(frame[frame["status"] == "ok"], ("decode",), by_layout=True)
     if len(decode):
         for (layout, dtype), g in decode.groupby(["layout", "dtype"], observed=True):
@@ -110,7 +120,8 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             share = best["gbps"] * 1e9 / best["peak_bytes_per_s"]
             out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): `{best['backend']}` at "
                        f"{best['gbps']:.3g} GB/s, {pct(share)} of the measured copy bandwidth; "
-                       f"{best['bound']}-bound (intensity {best['intensity']:.3g} FLOP/B).")
+                       f"{best['bound']}-bound (intensity {best['intensity']:.3g} FLOP/B)."
+                       + not_measured(frame, ["decode"]))
     return out
 
 
