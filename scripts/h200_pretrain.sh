@@ -61,9 +61,21 @@ for name, compiled in (("divergence", False), ("lr_sensitivity", False), ("fp8",
         summaries.append({"run": name, "experiment": name, "status": "error", "reason": f"plan: {err}"})
 
 
+def save():
+    """Write what has finished so far: a run killed at the stage's hard limit loses only itself."""
+    from attnbench.bench.results import write_atomic
+
+    write_atomic(pd.DataFrame(summaries), out / "pretrain_runs.parquet")
+    if steps_frames:
+        write_atomic(pd.concat(steps_frames, ignore_index=True), out / "pretrain_steps.parquet")
+    if extra:
+        write_atomic(pd.concat(extra, ignore_index=True), out / "pretrain_divergence.parquet")
+
+
 def run(name, spec):
     left = deadline - time.monotonic()
-    if left < 15:
+    # a compiled run spends tens of seconds compiling before its first step checks the deadline
+    if left < (45 if spec.train.compile else 15):
         summaries.append({"run": spec.name, **spec.tags, "status": "skipped", "reason": "out of time budget"})
         return
     try:
@@ -92,6 +104,7 @@ def run(name, spec):
         traceback.print_exc()
         summaries.append({"run": spec.name, **spec.tags, "status": "error",
                           "reason": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"})
+    save()
 
 
 # divergence first (it needs all its runs), then LRs (both variants at one LR before the next; uncompiled, cheap),
@@ -114,12 +127,8 @@ try:
 except Exception:
     traceback.print_exc()
 
+save()
 runs = pd.DataFrame(summaries)
-runs.to_parquet(out / "pretrain_runs.parquet", index=False)
-if steps_frames:
-    pd.concat(steps_frames, ignore_index=True).to_parquet(out / "pretrain_steps.parquet", index=False)
-if extra:
-    pd.concat(extra, ignore_index=True).to_parquet(out / "pretrain_divergence.parquet", index=False)
 pd.set_option("display.width", 220)
 for frame in extra:
     if len(frame):
