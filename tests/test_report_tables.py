@@ -68,7 +68,7 @@ def test_frac_peak_is_percent_of_roofline(frame):
     row = _row(_case(seq=1024), "fast", ms=1.0)
     assert t.values.xs(("fwd", "bf16"), level=("mode", "dtype")).loc["fast", "S=1024"] == pytest.approx(
         100 * row["frac_of_peak"])
-    assert "copy 2e+03 GB/s" in t.caption
+    assert "copy 2000 GB/s" in t.caption
 
 
 def test_err_ratio_median_and_worst_per_dtype(frame):
@@ -137,3 +137,16 @@ def test_aggregate_joins_parquet_and_csv_and_rejects_duplicates(frame, tmp_path)
     bad.to_csv(b, index=False)
     with pytest.raises(ResultsError, match="status='fine' is not allowed"):
         load_results([b])
+
+
+def test_a_constant_tokens_grid_keeps_every_length_in_one_row():
+    """FA3-README-style grids hold batch x length constant: the table slices by B·S, not by one batch."""
+    rows = []
+    for batch, seq in ((8, 1024), (4, 2048), (2, 4096), (1, 8192)):
+        case = Case(mode="fwd", layout="mha", batch=batch, heads_q=8, heads_kv=8, head_dim_qk=64, head_dim_v=64,
+                    seq_q=seq, seq_kv=seq, causal=False, dtype="bf16")
+        rows.append(_row(case, "fast", ms=seq / 1024))
+    t = tables.tflops_table(to_frame(rows))
+    assert "B·S=8192" in t.caption
+    assert list(t.values.columns) == ["S=1024", "S=2048", "S=4096", "S=8192"]
+    assert len(t.values) == 1  # one backend, one row: batch is not a row key

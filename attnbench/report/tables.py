@@ -54,11 +54,13 @@ class Table:
 
 
 def fmt(value) -> str:
-    """Three significant digits; status words and empty cells pass through."""
+    """Three significant digits, whole numbers from 1000 up (4210, not 4.21e+03); words and empty cells pass through."""
     if isinstance(value, str):
         return value
     if value is None or pd.isna(value):
         return ""
+    if 1000 <= abs(value) < 1e7:
+        return f"{value:.0f}"
     return f"{value:.3g}"
 
 
@@ -83,7 +85,7 @@ def ceilings_text(df: pd.DataFrame) -> str:
     bw = rows["peak_bytes_per_s"].iloc[0]
     peaks = rows.groupby("dtype", observed=True)["peak_flops"].first().dropna()
     flops = ", ".join(f"{d} {p / 1e12:.3g} TFLOP/s" for d, p in peaks.items())
-    return f"measured ceilings: copy {bw / 1e9:.3g} GB/s; matmul {flops}"
+    return f"measured ceilings: copy {fmt(bw / 1e9)} GB/s; matmul {flops}"
 
 
 def _most_common(series: pd.Series):
@@ -95,10 +97,11 @@ def _most_common(series: pd.Series):
 def reference_slice(df: pd.DataFrame, modes: tuple[str, ...], by_layout: bool) -> tuple[pd.DataFrame, str]:
     """Rows of ``modes`` at one reference shape; returns them and a caption fragment describing the shape.
 
-    The shape: the largest head dim, then the most common batch and query
-    heads. Prefill tables hold one layout (MHA where present) so each cell is
-    one case; ``by_layout`` keeps every layout as a row key instead (decode),
-    MLA exempt from the head-dim choice since its dims come from the latent rank.
+    The shape: the largest head dim, then the most common batch (or batch x
+    length, see :func:`_batch_slice`) and query heads. Prefill tables hold one
+    layout (MHA where present) so each cell is one case; ``by_layout`` keeps
+    every layout as a row key instead (decode), MLA exempt from the head-dim
+    choice since its dims come from the latent rank.
     """
     sub = df[df["mode"].isin(modes)]
     if sub.empty:
@@ -112,19 +115,38 @@ def reference_slice(df: pd.DataFrame, modes: tuple[str, ...], by_layout: bool) -
     if not_mla.any():
         head_dim = sub.loc[not_mla, "head_dim_qk"].max()
         sub = sub[~not_mla | (sub["head_dim_qk"] == head_dim)]
-    for dim, label in (("batch", "B"), ("heads_q", "Hq"), ("page_size", "page")):
-        value = _most_common(sub[dim])
-        sub = sub[sub[dim] == value]
-        if dim != "page_size" or value:
-            parts.append(f"{label}={value}")
+    sub, batch_part = _batch_slice(sub)
+    parts.append(batch_part)
+    heads = _most_common(sub["heads_q"])
+    sub = sub[sub["heads_q"] == heads]
+    parts.append(f"Hq={heads}")
     dims = sorted(set(sub.loc[sub["layout"] != "mla", "head_dim_qk"]))
     if dims:
         parts.append("D=" + "/".join(map(str, dims)))
     return sub, ", ".join(parts)
 
 
+def _batch_slice(sub: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """One batch size, or one batch x length product, whichever keeps more lengths.
+
+    Sweeps in the style of the FA3 README hold batch x sequence length constant
+    (B16 at 2k, B2 at 16k) so every column moves the same number of tokens; a
+    fixed-batch slice of such a grid would keep one length only.
+    """
+    batch = _most_common(sub["batch"])
+    by_batch = sub[sub["batch"] == batch]
+    tokens = sub["batch"] * sub["seq_kv"]
+    total = _most_common(tokens)
+    by_tokens = sub[tokens == total]
+    if by_tokens["seq_kv"].nunique() > by_batch["seq_kv"].nunique():
+        return by_tokens, f"B·S={total}"
+    return by_batch, f"B={batch}"
+
+
 def _key_dims(sub: pd.DataFrame, always: tuple[str, ...]) -> list[str]:
     varying = [d for d in CASE_DIMS if d in always or sub[d].nunique(dropna=False) > 1]
+    if "batch" in varying and "batch" not in always and (sub["batch"] * sub["seq_kv"]).nunique() == 1:
+        varying.remove("batch")  # a constant batch x length slice: the length column fixes the batch
     return varying + ["backend"]
 
 

@@ -86,8 +86,11 @@ display(Markdown("\n\n".join(lines)))
 
 # %%
 def not_measured(frame: pd.DataFrame, modes) -> str:
-    """Backends of the sweep with rows in these modes but none ``ok``: a winner is only a winner among the rest."""
-    rows = frame[frame["mode"].isin(modes)]
+    """Backends of the sweep with rows in these modes but none ``ok``: a winner is only a winner among the rest.
+
+    ``unavailable`` backends are left out: "At a glance" lists them with their reason once.
+    """
+    rows = frame[frame["mode"].isin(modes) & (frame["status"] != "unavailable")]
     rows = rows[~rows["backend"].isin(rows.loc[rows["status"] == "ok", "backend"])]
     if rows.empty:
         return ""
@@ -119,7 +122,7 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             best = g.sort_values("gbps", ascending=False).iloc[0]
             share = best["gbps"] * 1e9 / best["peak_bytes_per_s"]
             out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): `{best['backend']}` at "
-                       f"{best['gbps']:.3g} GB/s, {pct(share)} of the measured copy bandwidth; "
+                       f"{tables.fmt(best['gbps'])} GB/s, {pct(share)} of the measured copy bandwidth; "
                        f"{best['bound']}-bound (intensity {best['intensity']:.3g} FLOP/B)."
                        + not_measured(frame, ["decode"]))
     return out
