@@ -168,7 +168,7 @@ def _attn_bwd(Q, K, V, DO, LSE, DELTA, DQ_ACC, DK, DV, sm_scale,
 def _dq_key_tiles(dq, q, do, lse2, delta, qk_scale, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                   lo, hi, offs_m, offs_d, seq_q, seq_kv,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Accumulate (unscaled) dQ of one query tile over key tiles [lo, hi); MASKED applies the causal and length masks."""
+    """Accumulate dQ / scale of one query tile over key tiles [lo, hi); MASKED applies the causal and length masks."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -196,7 +196,10 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
                  stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                  heads_q, group, seq_q, seq_kv,
                  HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: BLOCK_M query rows of one (batch, query head), dQ written once. Grid: (cdiv(seq_q, BLOCK_M), B * Hq)."""
+    """One program: BLOCK_M query rows of one (batch, query head); dQ written once, in DQ's dtype.
+
+    Grid: (cdiv(seq_q, BLOCK_M), B * Hq).
+    """
     pid_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last tiles) first, as in the forward
         pid_m = tl.num_programs(0) - 1 - pid_m

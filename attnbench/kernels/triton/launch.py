@@ -134,6 +134,8 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     q, k, v, do = _unit_stride(q), _unit_stride(k), _unit_stride(v), _unit_stride(do)
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
+    if dq_mode is None and compile_only:
+        raise ValueError("compile_only needs dq_mode ('atomic' or 'separate'): it compiles one path's kernels")
     if dq_mode is None:
         dq_mode = _pick_dq_mode(lambda mode: backward(do, q, k, v, o, lse, causal=causal, scale=scale, dq_mode=mode,
                                                       config=config, dq_config=dq_config),
