@@ -55,12 +55,13 @@ if INTERPRET:
     BWD_DQ = {d: [_bwd(32, 16, 4, 1)] for d in (32, 64, 128)}
     FP8 = FWD
 else:
+    # deeper TMA pipelines (the last two of each list; spill-free for sm_90, D128 128x128 x3: 225 of 227 KB shared)
     _FWD_SMALL = [_fwd(128, 64, 4, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
-                  _fwd(128, 128, 8, 2, tma=True)]
+                  _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True)]
     _BWD_SMALL = [_bwd(64, 128, 8, 2), _bwd(64, 128, 8, 3), _bwd(64, 64, 4, 3)]
     FWD = {32: _FWD_SMALL, 64: _FWD_SMALL,
            128: [_fwd(128, 64, 8, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
-                 _fwd(128, 128, 8, 2, tma=True)]}
+                 _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True)]}
     BWD = {32: _BWD_SMALL, 64: _BWD_SMALL, 128: [_bwd(64, 64, 8, 2), _bwd(64, 64, 8, 3), _bwd(64, 128, 8, 2)]}
     # the separate dQ path: every config here compiles without spills for sm_90 (docs/triton.md); a 32-row
     # query tile in the dK/dV kernel is fine (its wgmma rows are keys), in _attn_bwd it falls back to HMMA for dQ
