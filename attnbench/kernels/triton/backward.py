@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton.forward import key_range, load_rows
+from attnbench.kernels.triton.forward import key_range, load_rows, query_tile
 from attnbench.kernels.triton.tuning import BWD, BWD_DKDV, BWD_DQ, pruner, quick_bench, union
 
 
@@ -200,14 +200,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
 
     Grid: (cdiv(seq_q, BLOCK_M), B * Hq).
     """
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # the longest rows (last tiles) first, as in the forward
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    off_b = pid_bh // heads_q
-    off_h = pid_bh % heads_q
-    off_hkv = off_h // group
-    start_m = pid_m * BLOCK_M
+    pid_bh, off_b, off_h, off_hkv, start_m = query_tile(heads_q, group, CAUSAL, BLOCK_M)  # causal: longest first
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m < seq_q

@@ -62,6 +62,17 @@ def load_rows(base, offs_rows, offs_d, stride_row, stride_d, n_rows, desc, start
 
 
 @triton.jit
+def query_tile(heads_q, group, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's (batch * Hq + head, batch, query head, K/V head, first row) on a (query tiles, B * Hq) grid."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the longest rows (last tiles) first, so the short ones fill the tail of the wave
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_h = pid_bh % heads_q
+    return pid_bh, pid_bh // heads_q, off_h, off_h // group, pid_m * BLOCK_M
+
+
+@triton.jit
 def key_range(start_m, seq_q, seq_kv, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(full, hi) for the query tile at ``start_m``: keys [0, full) are in range and visible to every row
     of the tile (no mask); keys [full, hi) lie on the causal diagonal or past ``seq_kv`` (masked)."""
@@ -130,14 +141,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr, SCALE_ROWS: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, query head). Grid: (cdiv(seq_q, BLOCK_M), B * Hq)."""
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # the longest rows (last tiles) first, so the short ones fill the tail of the wave
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    off_b = pid_bh // heads_q
-    off_h = pid_bh % heads_q
-    off_hkv = off_h // group
-    start_m = pid_m * BLOCK_M
+    pid_bh, off_b, off_h, off_hkv, start_m = query_tile(heads_q, group, CAUSAL, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
 
