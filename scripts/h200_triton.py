@@ -18,7 +18,9 @@ within a deadline (BUDGET_S, default 225 s; cases not started in time are ``skip
    (``flash_attn.cute``, an ``unavailable`` row where it is not installed), sdpa-cudnn and
    sdpa-flash in this process: forward and forward+backward, bf16 then fp16, head dim 128
    then 64, S 4k/8k/16k/1k with B*S = 16k tokens, 16 heads, causal and not; the fp8 forward
-   at the same shapes. FLOPs from ``attnbench.bench.conventions.flops``;
+   at the same shapes. In forward+backward, ``triton`` (the dQ path timed per shape by the
+   launcher) is joined by ``triton-dq-atomic`` and ``triton-dq-separate``, the backward's two
+   dQ paths pinned, side by side. FLOPs from ``attnbench.bench.conventions.flops``;
 4. the compiler's report on the kernels of the S=4096 bf16 cases (registers, spills, shared
    memory, SASS instruction mix) and the roofline position against ceilings measured here;
 5. with time left, the ``gpu``-marked tests of tests/test_triton.py.
@@ -30,6 +32,7 @@ phase times), and prints the TFLOP/s table last.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import multiprocessing
 import os
 import subprocess
@@ -45,8 +48,9 @@ SEQS = [4096, 8192, 16384, 1024]  # the targets are about S >= 4096: those first
 BASELINES = ["fa4", "sdpa-cudnn", "sdpa-flash"]
 WARMUP_MS, REP_MS = 25, 60
 CHECK = dict(batch=2, seq=1024)  # the correctness shape: same kernel specialisation as the grid
-KERNELS = {"fwd": ["_attn_fwd"], "fwd_bwd": ["_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd"],
-           "fp8": ["_attn_fwd_fp8"]}  # what one call of each part launches
+KERNELS = {"fwd": ["_attn_fwd"], "fp8": ["_attn_fwd_fp8"],  # what one call of each part launches; the backward
+           "fwd_bwd": ["_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd", "_attn_bwd_dkdv", "_attn_bwd_dq"]}  # one path
+DQ_VARIANTS = ["triton-dq-atomic", "triton-dq-separate"]  # fwd_bwd rows with the backward's dQ path pinned
 START = time.time()
 DEADLINE = START + float(os.environ.get("BUDGET_S", 225))
 
@@ -71,6 +75,19 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".replace("\n", " ")[:400]
 
 
+def backend_of(name: str):
+    """A registered backend, or for ``triton-dq-<mode>`` the triton backend with that dQ path pinned."""
+    from attnbench.kernels import get_backend
+
+    if name not in DQ_VARIANTS:
+        return get_backend(name)
+    from attnbench.kernels.triton.backend import TritonFlash
+
+    variant = TritonFlash()
+    variant.name, variant.dq_mode = name, name.removeprefix("triton-dq-")
+    return variant
+
+
 # --- 1. parallel compilation -------------------------------------------------------------------------------------
 
 def compile_task(task: tuple) -> tuple:
@@ -86,12 +103,15 @@ def compile_task(task: tuple) -> tuple:
         torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         q, k, v, o, do = (torch.randn(1, HEADS, 256, head_dim, device="cuda", dtype=torch_dtype) for _ in range(5))
         scale = head_dim ** -0.5
-        config = {"fwd": tuning.FWD, "bwd": tuning.BWD, "fp8": tuning.FP8}[kind][head_dim][index]
+        config = {"fwd": tuning.FWD, "bwd": tuning.BWD, "dkdv": tuning.BWD_DKDV, "dq": tuning.BWD_DQ,
+                  "fp8": tuning.FP8}[kind][head_dim][index]
         if kind == "fwd":
             launch.forward(q, k, v, causal=causal, scale=scale, config=config, compile_only=True)
-        elif kind == "bwd":
+        elif kind in ("bwd", "dkdv", "dq"):  # bwd: the atomic dQ path's kernel; dkdv, dq: the separate path's
             lse = torch.zeros(1, HEADS, 256, device="cuda")
-            launch.backward(do, q, k, v, o, lse, causal=causal, scale=scale, config=config, compile_only=True)
+            launch.backward(do, q, k, v, o, lse, causal=causal, scale=scale, compile_only=True,
+                            dq_mode="atomic" if kind == "bwd" else "separate", config=None if kind == "dq" else config,
+                            dq_config=config if kind == "dq" else None)
         else:
             (q8, k8, v8), _ = quantize_qkv(q, k, v, BLOCK_ROWS)
             launch.fp8_forward(q8, k8, v8, causal=causal, scale=scale, out_dtype=torch_dtype, config=config,
@@ -108,7 +128,8 @@ def compile_all(report: list) -> None:
     for dtype, head_dim in (("bf16", 128), ("bf16", 64), ("fp16", 128), ("fp16", 64)):
         for causal in (False, True):
             tasks += [("fwd", dtype, head_dim, causal, i) for i in range(len(tuning.FWD[head_dim]))]
-            tasks += [("bwd", dtype, head_dim, causal, i) for i in range(len(tuning.BWD[head_dim]))]
+            for kind, table in (("bwd", tuning.BWD), ("dkdv", tuning.BWD_DKDV), ("dq", tuning.BWD_DQ)):
+                tasks += [(kind, dtype, head_dim, causal, i) for i in range(len(table[head_dim]))]
             if dtype == "bf16":
                 tasks += [("fp8", dtype, head_dim, causal, i) for i in range(len(tuning.FP8[head_dim]))]
     workers = max(1, min(len(tasks), (os.cpu_count() or 2) - 1))
@@ -127,14 +148,13 @@ def compile_all(report: list) -> None:
 # --- 2. correctness ------------------------------------------------------------------------------------------------
 
 def check_backward(rows: list, dtype: str, head_dim: int) -> None:
-    """The harness gate on forward+backward (error vs fp64 <= 2x eager's) per causal setting."""
+    """The harness gate on forward+backward (error vs fp64 <= 2x eager's) per causal setting and dQ path."""
     from attnbench.bench.numerics import check_numerics
-    from attnbench.kernels import get_backend
 
-    backend = get_backend("triton")
-    for causal in (False, True):
+    for causal, name in itertools.product((False, True), DQ_VARIANTS):
+        backend = backend_of(name)
         case = case_of("fwd_bwd", dtype, head_dim, CHECK["seq"], causal, CHECK["batch"])
-        row = dict(part="check", backend="triton", dtype=dtype, head_dim=head_dim, seq=case.seq_q, batch=case.batch,
+        row = dict(part="check", backend=name, dtype=dtype, head_dim=head_dim, seq=case.seq_q, batch=case.batch,
                    causal=causal)
         try:
             res = check_numerics(case, lambda q, k, v: backend.attention(q, k, v, causal=causal, scale=case.scale),
@@ -145,7 +165,7 @@ def check_backward(rows: list, dtype: str, head_dim: int) -> None:
         except Exception as err:
             row.update(status="error", reason=one_line(err))
         rows.append(row)
-        log(f"check fwd_bwd {dtype} D{head_dim} causal={causal}: {row['status']} "
+        log(f"check fwd_bwd {name} {dtype} D{head_dim} causal={causal}: {row['status']} "
             f"ratio={row.get('err_ratio_vs_eager', float('nan')):.2f}")
 
 
@@ -201,15 +221,16 @@ def time_part(rows: list, reports: list, part: str, dtype: str, head_dim: int, c
 
     from attnbench.bench.conventions import flops
     from attnbench.bench.inputs import make_tensors
-    from attnbench.kernels import get_backend, safe_available
+    from attnbench.kernels import safe_available
 
-    names = ["triton-fp8"] if part == "fp8" else ["triton", *BASELINES]
+    names = {"fp8": ["triton-fp8"], "fwd": ["triton", *BASELINES],
+             "fwd_bwd": ["triton", *DQ_VARIANTS, *BASELINES]}[part]
     for seq in SEQS:
         for causal in (False, True):
             case = case_of(part, dtype, head_dim, seq, causal)
             tensors = None
             for name in names:
-                backend = get_backend(name)
+                backend = backend_of(name)
                 row = dict(part=part, backend=name, dtype=dtype, head_dim=head_dim, seq=seq, batch=case.batch,
                            causal=causal, flops=flops(case))
                 rows.append(row)
@@ -261,8 +282,11 @@ def describe(row: dict, reports: list, backend, case, tensors, part: str, ceilin
 
     tuned = fwd_kernels.attn_fwd_fp8 if part == "fp8" else fwd_kernels.attn_fwd
     row["fwd_config"] = str(getattr(tuned, "best_config", ""))
-    if part == "fwd_bwd":
-        row["bwd_config"] = str(getattr(bwd_kernels.attn_bwd, "best_config", ""))
+    if part == "fwd_bwd":  # the path the latest backward ran (launch keeps only its kernels)
+        row["dq_mode"] = "atomic" if "_attn_bwd" in launch.last_compiled else "separate"
+        tuned_bwd = ([bwd_kernels.attn_bwd] if row["dq_mode"] == "atomic"
+                     else [bwd_kernels.attn_bwd_dkdv, bwd_kernels.attn_bwd_dq])
+        row["bwd_config"] = "; ".join(str(getattr(t, "best_config", "")) for t in tuned_bwd)
     if ceilings:
         case_bytes = bytes_model(case, backend.family, backend.fp8_inputs)  # triton-fp8 reads Q, K, V in e4m3
         row["bound"], row["roofline_fraction"] = roofline_bound(
@@ -278,8 +302,10 @@ def describe(row: dict, reports: list, backend, case, tensors, part: str, ceilin
         fn = backend.build(case, tensors)
         fn()  # the main case's own launches, after rel_diff's
         for kernel_name in KERNELS[part]:
-            reports.append(dict(compiler_report(kernel_name, launch.last_compiled[kernel_name]), part=part,
-                                dtype=case.dtype, head_dim=case.head_dim_qk, seq=case.seq_q))
+            if kernel_name in launch.last_compiled:  # of the backward, the kernels of the path that ran
+                reports.append(dict(compiler_report(kernel_name, launch.last_compiled[kernel_name]), part=part,
+                                    backend=row["backend"], dtype=case.dtype, head_dim=case.head_dim_qk,
+                                    seq=case.seq_q))
 
 
 # --- 4. report -----------------------------------------------------------------------------------------------------
@@ -292,6 +318,8 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
     for base in BASELINES:
         if base in wide and "triton" in wide:
             wide[f"triton/{base}"] = wide["triton"] / wide[base]
+    if all(name in wide for name in DQ_VARIANTS):  # fwd_bwd: the separate dQ path against the atomic one
+        wide["dq separate/atomic"] = wide["triton-dq-separate"] / wide["triton-dq-atomic"]
     fp8 = wide[wide.part == "fp8"].set_index(key)["triton-fp8"] if "triton-fp8" in wide else pd.Series(dtype=float)
     bf16 = wide[wide.part == "fwd"].set_index(key)["triton"] if "triton" in wide else pd.Series(dtype=float)
     if len(fp8):
@@ -402,8 +430,9 @@ def main() -> None:
     df = write(rows, reports, notes + [f"phase times (s): {phases}"], out)
     if "tflops" in df:
         wide = ratios(df)
-        main_cols = [c for c in ["part", "dtype", "head_dim", "seq", "causal", "triton", "triton-fp8", "fa4",
-                                 "sdpa-cudnn", "triton/fa4", "triton/sdpa-cudnn", "fp8/bf16"] if c in wide]
+        main_cols = [c for c in ["part", "dtype", "head_dim", "seq", "causal", "triton", *DQ_VARIANTS, "triton-fp8",
+                                 "fa4", "sdpa-cudnn", "triton/fa4", "triton/sdpa-cudnn", "dq separate/atomic",
+                                 "fp8/bf16"] if c in wide]
         print(wide[(wide.dtype == "bf16") & (wide.head_dim == 128)][main_cols].to_string(index=False,
                                                                                         float_format="%.2f"))
         print("\n".join(targets(wide)))

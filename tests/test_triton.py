@@ -12,6 +12,7 @@ Shapes are small and off the tile grid (67 rows against 32/16-row tiles,
 seq_q < seq_kv with a bottom-right mask). The ``gpu`` tests run the same
 checks at full size on CUDA.
 """
+import copy
 import importlib.util
 import json
 import os
@@ -52,8 +53,11 @@ def small(**kw):
     return Case(**base)
 
 
-def numerics(case, name="triton", seed=0):
+def numerics(case, name="triton", seed=0, dq_mode=None):
     backend = get_backend(name)
+    if dq_mode is not None:  # the backward's dQ path pinned ("atomic", "separate") instead of timed per shape
+        backend = copy.copy(backend)
+        backend.dq_mode = dq_mode
     ok, reason = backend.supports(case)
     assert ok, reason
     return check_numerics(case, lambda q, k, v: backend.attention(q, k, v, causal=case.causal, scale=case.scale),
@@ -72,14 +76,32 @@ def test_forward_matches_fp64(case):
     assert result.worst_ratio_vs_eager() <= 2.0
 
 
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
 @pytest.mark.parametrize("case", [
     small(mode="fwd_bwd", seq_q=33, seq_kv=50),  # causal, bottom-right, GQA groups of 2
     small(mode="fwd_bwd", layout="mqa", heads_kv=1, causal=False),
-], ids=["gqa-causal", "mqa"])
-def test_backward_matches_fp64(case):
-    result = numerics(case, seed=1)
+    small(mode="fwd_bwd", batch=1, head_dim_qk=64, head_dim_v=64, seq_q=45, seq_kv=45),  # causal, square
+], ids=["gqa-causal", "mqa", "gqa-causal-d64"])
+def test_backward_matches_fp64(case, dq_mode):
+    result = numerics(case, seed=1, dq_mode=dq_mode)
     assert all(0 < e.rel_err < 3e-3 for e in (result.out, *result.grads))
     assert result.worst_ratio_vs_eager() <= 2.0
+
+
+def test_separate_dq_is_deterministic_and_matches_atomic(kernels):
+    """The separate path writes dQ once per row (bitwise repeatable); both paths give the same gradients."""
+    gen = torch.Generator().manual_seed(8)
+    q, do = (torch.randn(1, 4, 37, 32, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
+    k, v = (torch.randn(1, 2, 45, 32, generator=gen).to(DEVICE, torch.float16) for _ in range(2))
+    out, lse = kernels.forward(q, k, v, causal=True, scale=0.2)
+    grads = {mode: kernels.backward(do, q, k, v, out, lse, causal=True, scale=0.2, dq_mode=mode)
+             for mode in ("atomic", "separate")}
+    again = kernels.backward(do, q, k, v, out, lse, causal=True, scale=0.2, dq_mode="separate")
+    assert all(torch.equal(a, b) for a, b in zip(grads["separate"], again))
+    for a, b in zip(grads["separate"], grads["atomic"]):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match=r"dq_mode='fused' is not allowed; allowed: atomic, separate"):
+        kernels.backward(do, q, k, v, out, lse, causal=True, scale=0.2, dq_mode="fused")
 
 
 def test_gqa_equals_mha_with_repeated_heads(kernels):
@@ -247,12 +269,13 @@ def full(**kw):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_full_size_matches_fp64(dtype, head_dim, causal):
+def test_full_size_matches_fp64(dtype, head_dim, causal, dq_mode):
     case = full(dtype=dtype, head_dim_qk=head_dim, head_dim_v=head_dim, causal=causal, mode="fwd_bwd")
-    result = numerics(case, seed=10)
+    result = numerics(case, seed=10, dq_mode=dq_mode)
     assert result.worst_ratio_vs_eager() <= 2.0
     assert all(0 < e.rel_err < 2e-2 for e in (result.out, *result.grads))
 
@@ -303,13 +326,17 @@ def test_kernels_compile_for_hopper_with_wgmma():
             "rows = [aot.compile_row('fwd', 64, cfg({'BLOCK_M': 128, 'BLOCK_N': 64, 'USE_TMA': True}, num_warps=8,"
             " num_stages=2)),\n"
             "        aot.compile_row('bwd', 64, cfg({'BLOCK_M': 64, 'BLOCK_N': 64}, num_warps=4, num_stages=2)),\n"
+            "        aot.compile_row('dkdv', 64, cfg({'BLOCK_M': 64, 'BLOCK_N': 64}, num_warps=4, num_stages=2)),\n"
+            "        aot.compile_row('dq', 64, cfg({'BLOCK_M': 64, 'BLOCK_N': 64}, num_warps=4, num_stages=2)),\n"
             "        aot.compile_row('fp8', 64, cfg({'BLOCK_M': 128, 'BLOCK_N': 64, 'USE_TMA': False}, num_warps=8,"
             " num_stages=2))]\n"
             "for row in rows: print(json.dumps(row))\n")
     env = dict(os.environ, TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    fwd, bwd, fp8 = (json.loads(line) for line in done.stdout.strip().splitlines())
+    fwd, bwd, dkdv, dq, fp8 = (json.loads(line) for line in done.stdout.strip().splitlines())
     assert fwd["HGMMA"] > 0 and fwd["UTMALDG"] > 0 and fwd["stack_bytes"] == 0
     assert bwd["HGMMA"] > 0 and bwd["REDG"] > 0  # wgmma, and dQ's relaxed atomics as reductions
+    for row in (dkdv, dq):  # the separate dQ path: wgmma, no atomics, no spills
+        assert row["HGMMA"] > 0 and "REDG" not in row and "HMMA" not in row and row["stack_bytes"] == 0
     assert fp8["QGMMA"] > 0 and "HMMA" not in fp8

@@ -14,7 +14,8 @@ stack frame, where spilled registers go), the mix from
 
 ``shared_bytes`` is the dynamic shared memory Triton allocates (pipeline buffers).
 
-usage: ``python -m attnbench.kernels.triton.aot [--arch 90] [--kinds fwd bwd fp8]``
+usage: ``python -m attnbench.kernels.triton.aot [--arch 90] [--kinds fwd bwd dkdv dq fp8]``
+(``bwd``: the atomic-dQ backward; ``dkdv``, ``dq``: the two kernels of the separate-dQ path)
 (use the Triton version the GPU host runs; the GPU script re-measures this on the device).
 """
 from __future__ import annotations
@@ -81,16 +82,30 @@ def forward_source(config, head_dim: int, causal: bool, fp8: bool) -> ASTSource:
     return _source(forward._attn_fwd, pointers, scalars, constexprs)
 
 
-def backward_source(config, head_dim: int, causal: bool) -> ASTSource:
-    pointers = dict(Q="bf16", K="bf16", V="bf16", DO="bf16", LSE="fp32", DELTA="fp32", DQ_ACC="fp32", DK="bf16",
-                    DV="bf16")
-    strides = _bhsd_strides(HEADS, SEQ, head_dim)
-    scalars = dict(sm_scale=head_dim ** -0.5, heads_kv=HEADS, group=1, seq_q=SEQ, seq_kv=SEQ)
-    for prefix, rows in (("q", "m"), ("k", "n"), ("v", "n"), ("d", "m"), ("dk", "n"), ("dv", "n")):
-        scalars.update(zip((f"stride_{prefix}b", f"stride_{prefix}h", f"stride_{prefix}{rows}", f"stride_{prefix}d"),
-                           strides))
-    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, **config.kwargs)
+def backward_source(config, head_dim: int, causal: bool, dq_atomic: bool = True) -> ASTSource:
+    """``_attn_bwd``: with ``dq_atomic`` the atomic path's kernel, without it the dK/dV-only kernel."""
+    pointers = dict(Q="bf16", K="bf16", V="bf16", DO="bf16", LSE="fp32", DELTA="fp32",
+                    DQ_ACC="fp32" if dq_atomic else None, DK="bf16", DV="bf16")
+    scalars = dict(sm_scale=head_dim ** -0.5, heads_kv=HEADS, group=1, seq_q=SEQ, seq_kv=SEQ,
+                   **_stride_args(head_dim, (("q", "m"), ("k", "n"), ("v", "n"), ("d", "m"), ("dk", "n"), ("dv", "n"))))
+    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, DQ_ATOMIC=dq_atomic, **config.kwargs)
     return _source(backward._attn_bwd, pointers, scalars, constexprs)
+
+
+def dq_source(config, head_dim: int, causal: bool) -> ASTSource:
+    """``_attn_bwd_dq``, the separate path's dQ kernel."""
+    pointers = dict(Q="bf16", K="bf16", V="bf16", DO="bf16", LSE="fp32", DELTA="fp32", DQ="bf16")
+    scalars = dict(sm_scale=head_dim ** -0.5, heads_q=HEADS, group=1, seq_q=SEQ, seq_kv=SEQ,
+                   **_stride_args(head_dim, (("q", "m"), ("k", "n"), ("v", "n"), ("d", "m"), ("dq", "m"))))
+    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, **config.kwargs)
+    return _source(backward._attn_bwd_dq, pointers, scalars, constexprs)
+
+
+def _stride_args(head_dim: int, tensors) -> dict:
+    """``stride_<prefix>{b,h,<rows>,d}`` of contiguous BHSD tensors, for (prefix, rows) in ``tensors``."""
+    strides = _bhsd_strides(HEADS, SEQ, head_dim)
+    return {f"stride_{prefix}{axis}": value for prefix, rows in tensors
+            for axis, value in zip(("b", "h", rows, "d"), strides)}
 
 
 def resources(cubin: bytes) -> dict:
@@ -108,8 +123,12 @@ def compile_row(kind: str, head_dim: int, config, arch: int = 90, causal: bool =
     """Compile one config of one kernel for ``sm_<arch>``: its resources, dynamic shared memory and SASS mix."""
     from triton.tools.disasm import get_sass
 
-    src = (backward_source(config, head_dim, causal) if kind == "bwd"
-           else forward_source(config, head_dim, causal, kind == "fp8"))
+    if kind in ("bwd", "dkdv"):
+        src = backward_source(config, head_dim, causal, dq_atomic=kind == "bwd")
+    elif kind == "dq":
+        src = dq_source(config, head_dim, causal)
+    else:
+        src = forward_source(config, head_dim, causal, kind == "fp8")
     row = dict(kernel=kind, head_dim=head_dim, warps=config.num_warps, stages=config.num_stages, **config.kwargs)
     try:
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
@@ -123,17 +142,20 @@ def compile_row(kind: str, head_dim: int, config, arch: int = 90, causal: bool =
     return row
 
 
-def report(kinds=("fwd", "bwd", "fp8"), arch: int = 90) -> list[dict]:
+# kind: the autotuning table of each kernel variant (bwd: the atomic path; dkdv, dq: the separate path's two kernels)
+TABLES = {"fwd": tuning.FWD, "bwd": tuning.BWD, "dkdv": tuning.BWD_DKDV, "dq": tuning.BWD_DQ, "fp8": tuning.FP8}
+
+
+def report(kinds=tuple(TABLES), arch: int = 90) -> list[dict]:
     """One row per (kernel, head dim, config) of the autotuning tables, causal variants."""
-    tables = {"fwd": tuning.FWD, "bwd": tuning.BWD, "fp8": tuning.FP8}
     return [compile_row(kind, head_dim, config, arch) for kind in kinds for head_dim in (64, 128)
-            for config in tables[kind][head_dim]]
+            for config in TABLES[kind][head_dim]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
-    parser.add_argument("--kinds", nargs="+", default=["fwd", "bwd", "fp8"], choices=["fwd", "bwd", "fp8"])
+    parser.add_argument("--kinds", nargs="+", default=list(TABLES), choices=list(TABLES))
     args = parser.parse_args()
     print(f"triton {triton.__version__}, sm_{args.arch}, causal, MHA H{HEADS} S{SEQ}, bf16 (fp8: e4m3)")
     for row in report(args.kinds, args.arch):

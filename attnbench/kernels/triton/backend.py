@@ -64,12 +64,13 @@ class _Triton(Backend):
 @register
 class TritonFlash(_Triton):
     name = "triton"
-    kernel_pattern = r"_attn_fwd|_attn_bwd"
+    kernel_pattern = r"_attn_fwd|_attn_bwd"  # _attn_bwd_dq too
+    dq_mode: str | None = None  # the backward's dQ path ("atomic", "separate"); None: timed per shape on a GPU
 
     def attention(self, q, k, v, *, causal: bool, scale: float):
         from attnbench.kernels.triton.autograd import attention
 
-        return attention(q, k, v, causal=causal, scale=scale)
+        return attention(q, k, v, causal=causal, scale=scale, dq_mode=self.dq_mode)
 
 
 @register

@@ -44,7 +44,7 @@ P_SHIFT = tl.constexpr(8.0)  # fp8: P = exp2(s - m + 8), probabilities in [0, 25
 
 
 @triton.jit
-def _load_rows(base, offs_rows, offs_d, stride_row, stride_d, n_rows, desc, start, USE_TMA: tl.constexpr,
+def load_rows(base, offs_rows, offs_d, stride_row, stride_d, n_rows, desc, start, USE_TMA: tl.constexpr,
                TRANSPOSED: tl.constexpr, IN_RANGE: tl.constexpr):
     """A (rows, D) tile by TMA or pointer loads; zero past ``n_rows`` unless the caller knows it ``IN_RANGE``."""
     if USE_TMA:
@@ -62,6 +62,30 @@ def _load_rows(base, offs_rows, offs_d, stride_row, stride_d, n_rows, desc, star
 
 
 @triton.jit
+def query_tile(heads_q, group, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's (batch * Hq + head, batch, query head, K/V head, first row) on a (query tiles, B * Hq) grid."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the longest rows (last tiles) first, so the short ones fill the tail of the wave
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_h = pid_bh % heads_q
+    return pid_bh, pid_bh // heads_q, off_h, off_h // group, pid_m * BLOCK_M
+
+
+@triton.jit
+def key_range(start_m, seq_q, seq_kv, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(full, hi) for the query tile at ``start_m``: keys [0, full) are in range and visible to every row
+    of the tile (no mask); keys [full, hi) lie on the causal diagonal or past ``seq_kv`` (masked)."""
+    hi = seq_kv
+    full = (seq_kv // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        offset = seq_kv - seq_q
+        hi = tl.minimum(seq_kv, start_m + BLOCK_M + offset)
+        full = tl.minimum(full, ((start_m + offset + 1) // BLOCK_N) * BLOCK_N)
+    return full, hi
+
+
+@triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_desc, KS, VS,
                stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, offs_m, offs_d, seq_q, seq_kv,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr, SCALE_ROWS: tl.constexpr,
@@ -71,7 +95,7 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        k = _load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, seq_kv, k_desc, start_n, USE_TMA, False,
+        k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, seq_kv, k_desc, start_n, USE_TMA, False,
                        not MASKED)
         s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32
         scale = qk_scale
@@ -96,7 +120,7 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
         else:
             p = tl.math.exp2(s)
             acc = acc * alpha[:, None]
-        v = _load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, seq_kv, v_desc, start_n, USE_TMA, FP8,
+        v = load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, seq_kv, v_desc, start_n, USE_TMA, FP8,
                        not MASKED)
         if FP8:  # sm_90 fp8 MMAs add in reduced precision (DeepSeek-V3): promote to the fp32 accumulator per tile
             acc = tl.dot(p.to(v.dtype), v, acc, max_num_imprecise_acc=BLOCK_N)
@@ -117,14 +141,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr, SCALE_ROWS: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, query head). Grid: (cdiv(seq_q, BLOCK_M), B * Hq)."""
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # the longest rows (last tiles) first, so the short ones fill the tail of the wave
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    off_b = pid_bh // heads_q
-    off_h = pid_bh % heads_q
-    off_hkv = off_h // group
-    start_m = pid_m * BLOCK_M
+    pid_bh, off_b, off_h, off_hkv, start_m = query_tile(heads_q, group, CAUSAL, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
 
@@ -144,7 +161,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
         else:
             v_desc = tl.make_tensor_descriptor(v_base, [seq_kv, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
         o_desc = tl.make_tensor_descriptor(o_base, [seq_q, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_DIM])
-    q = _load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, seq_q, q_desc, start_m, USE_TMA, False, False)
+    q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, seq_q, q_desc, start_m, USE_TMA, False, False)
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): scores in log2 units
     vs_prev = 1.0
@@ -158,14 +175,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-    # keys [0, full) are in range and visible to every row of the tile: no mask;
-    # keys [full, hi) lie on the diagonal or past seq_kv: masked.
-    hi = seq_kv
-    full = (seq_kv // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        offset = seq_kv - seq_q
-        hi = tl.minimum(seq_kv, start_m + BLOCK_M + offset)
-        full = tl.minimum(full, ((start_m + offset + 1) // BLOCK_N) * BLOCK_N)
+    full, hi = key_range(start_m, seq_q, seq_kv, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i, vs_prev = _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_desc,
                                         KS, VS, stride_kn, stride_kd, stride_vn, stride_vd, 0, full, offs_m, offs_d,
                                         seq_q, seq_kv, False, CAUSAL, FP8, SCALE_ROWS, BLOCK_N, USE_TMA)

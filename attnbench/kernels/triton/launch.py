@@ -17,14 +17,17 @@ import triton
 from attnbench.kernels.triton import backward as bwd_kernels
 from attnbench.kernels.triton import forward as fwd_kernels
 from attnbench.kernels.triton.fp8 import Quantized
-from attnbench.kernels.triton.tuning import INTERPRET
+from attnbench.kernels.triton.tuning import DQ_MODES, INTERPRET, quick_bench
 
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 PREPROCESS_ROWS = 32 if INTERPRET else 128
 
-# The compiled kernel of the latest launch of each kernel, for the compiler report (registers, SASS).
+# The compiled kernel of the latest launch of each kernel, for the compiler report (registers, SASS);
+# the dK/dV-only launch of ``_attn_bwd`` (the separate dQ path) is kept as "_attn_bwd_dkdv".
 last_compiled: dict[str, object] = {}
+# The backward's dQ path chosen per shape (Sq, Skv, group, D, dtype, causal) by timing both paths once.
+dq_modes: dict[tuple, str] = {}
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes=DTYPES) -> None:
@@ -105,17 +108,48 @@ def fp8_forward(q: Quantized, k: Quantized, v: Quantized, *, causal: bool, scale
                        scale_rows=q.block_rows, out_dtype=out_dtype, config=config, compile_only=compile_only)
 
 
+def _pick_dq_mode(run_path, key: tuple) -> str:
+    """The faster dQ path for this shape, timed once per key on the GPU (the first of DQ_MODES elsewhere)."""
+    if key not in dq_modes:
+        if INTERPRET or not torch.cuda.is_available():
+            return DQ_MODES[0]
+        times = {}
+        for mode in DQ_MODES:
+            run_path(mode)  # autotunes the path's kernels first
+            times[mode] = quick_bench(lambda: run_path(mode), quantiles=None)
+        dq_modes[key] = min(times, key=times.get)
+    return dq_modes[key]
+
+
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-             lse: torch.Tensor, *, causal: bool, scale: float, config=None, compile_only: bool = False):
-    """(dQ, dK, dV) given the forward's inputs, output and log-sum-exp."""
+             lse: torch.Tensor, *, causal: bool, scale: float, dq_mode: str | None = None, config=None,
+             dq_config=None, compile_only: bool = False):
+    """(dQ, dK, dV) given the forward's inputs, output and log-sum-exp.
+
+    ``dq_mode`` picks the dQ path (``tuning.DQ_MODES``): ``"atomic"`` (one kernel, dQ added with atomics) or
+    ``"separate"`` (a dK/dV kernel, then a dQ kernel); ``None`` times both once per shape on a GPU and keeps the
+    faster (``dq_modes``). ``config`` is the config of ``_attn_bwd`` (either path), ``dq_config`` that of
+    ``_attn_bwd_dq``; with ``compile_only`` only the kernels given a config are compiled.
+    """
     q, k, v, do = _unit_stride(q), _unit_stride(k), _unit_stride(v), _unit_stride(do)
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
+    if dq_mode is None and compile_only:
+        raise ValueError("compile_only needs dq_mode ('atomic' or 'separate'): it compiles one path's kernels")
+    if dq_mode is None:
+        dq_mode = _pick_dq_mode(lambda mode: backward(do, q, k, v, o, lse, causal=causal, scale=scale, dq_mode=mode,
+                                                      config=config, dq_config=dq_config),
+                                (sq, skv, hq // hkv, d, q.dtype, causal))
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode={dq_mode!r} is not allowed; allowed: {', '.join(DQ_MODES)} or None")
+    atomic = dq_mode == "atomic"
+    for name in ("_attn_bwd", "_attn_bwd_dkdv", "_attn_bwd_dq"):  # keep only this call's backward kernels
+        last_compiled.pop(name, None)
     delta = torch.empty_like(lse)
     pre_grid = (triton.cdiv(sq, PREPROCESS_ROWS), b * hq)
     last_compiled["_attn_bwd_preprocess"] = bwd_kernels._attn_bwd_preprocess[pre_grid](
         o, do, delta, *o.stride(), *do.stride(), hq, sq, HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS)
-    dq_acc = torch.zeros((b, hq, sq, d), dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((b, hq, sq, d), dtype=torch.float32, device=q.device) if atomic else None
     dk = torch.empty((b, hkv, skv, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, hkv, skv, d), dtype=v.dtype, device=v.device)
 
@@ -124,6 +158,21 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
     args = (q, k, v, do, lse, delta, dq_acc, dk, dv, scale,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), hkv, hq // hkv, sq, skv)
-    _run(bwd_kernels.attn_bwd, bwd_kernels._attn_bwd, "_attn_bwd", grid, args, dict(HEAD_DIM=d, CAUSAL=causal), config,
-         compile_only)
-    return dq_acc.to(q.dtype), dk, dv
+    meta = dict(HEAD_DIM=d, CAUSAL=causal, DQ_ATOMIC=atomic)
+    if config is not None or not compile_only:
+        _run(bwd_kernels.attn_bwd if atomic else bwd_kernels.attn_bwd_dkdv, bwd_kernels._attn_bwd,
+             "_attn_bwd" if atomic else "_attn_bwd_dkdv", grid, args, meta, config, compile_only)
+    if atomic:
+        return dq_acc.to(q.dtype), dk, dv
+
+    dq = torch.empty_like(q)
+
+    def dq_grid(meta):
+        return triton.cdiv(sq, meta["BLOCK_M"]), b * hq
+
+    dq_args = (q, k, v, do, lse, delta, dq, scale, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+               hq, hq // hkv, sq, skv)
+    if dq_config is not None or not compile_only:
+        _run(bwd_kernels.attn_bwd_dq, bwd_kernels._attn_bwd_dq, "_attn_bwd_dq", dq_grid, dq_args,
+             dict(HEAD_DIM=d, CAUSAL=causal), dq_config, compile_only)
+    return dq, dk, dv

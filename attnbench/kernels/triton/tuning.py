@@ -14,6 +14,14 @@ specialisation (``tl.range(..., warp_specialize=True)``) is not offered: it
 failed to compile for this kernel on sm_90 with Triton 3.6, whose
 documentation lists it as Blackwell-only.
 
+The backward has two paths for dQ (``DQ_MODES``): ``"atomic"``, one kernel
+per key tile adding dQ into an fp32 buffer with atomics (``BWD``), and
+``"separate"``, a dK/dV kernel without dQ (``BWD_DKDV``) followed by a dQ
+kernel per query tile (``BWD_DQ``). Each kernel is autotuned on its own; which
+path runs is decided per shape by the launcher (:func:`.launch.backward`),
+which times both whole paths once, since a kernel autotuner would only see the
+dK/dV kernel's share of the separate path.
+
 Under ``TRITON_INTERPRET=1`` (kernels run on CPU tensors in numpy) each space
 is a single small portable config: the interpreter cannot time configs, and
 small tiles keep the CPU tests fast while still leaving partial tiles.
@@ -38,18 +46,31 @@ def _bwd(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
 
 
+DQ_MODES = ("atomic", "separate")  # the backward's dQ path; the first is the default where none is timed
+
 if INTERPRET:
     FWD = {d: [_fwd(32, 16, 4, 1)] for d in (32, 64, 128)}
     BWD = {d: [_bwd(16, 32, 4, 1)] for d in (32, 64, 128)}
+    BWD_DKDV = BWD
+    BWD_DQ = {d: [_bwd(32, 16, 4, 1)] for d in (32, 64, 128)}
     FP8 = FWD
 else:
+    # deeper TMA pipelines (the last two of each list; spill-free for sm_90, D128 128x128 x3: 225 of 227 KB shared)
     _FWD_SMALL = [_fwd(128, 64, 4, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
-                  _fwd(128, 128, 8, 2, tma=True)]
+                  _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True)]
     _BWD_SMALL = [_bwd(64, 128, 8, 2), _bwd(64, 128, 8, 3), _bwd(64, 64, 4, 3)]
     FWD = {32: _FWD_SMALL, 64: _FWD_SMALL,
            128: [_fwd(128, 64, 8, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
-                 _fwd(128, 128, 8, 2, tma=True)]}
+                 _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True)]}
     BWD = {32: _BWD_SMALL, 64: _BWD_SMALL, 128: [_bwd(64, 64, 8, 2), _bwd(64, 64, 8, 3), _bwd(64, 128, 8, 2)]}
+    # the separate dQ path: every config here compiles without spills for sm_90 (docs/triton.md); a 32-row
+    # query tile in the dK/dV kernel is fine (its wgmma rows are keys), in _attn_bwd it falls back to HMMA for dQ
+    _DKDV_SMALL = [_bwd(64, 128, 8, 2), _bwd(64, 128, 8, 3), _bwd(128, 128, 8, 2), _bwd(32, 128, 8, 3)]
+    _DQ_SMALL = [_bwd(128, 64, 8, 3), _bwd(128, 128, 8, 2), _bwd(128, 32, 8, 4), _bwd(64, 64, 4, 3)]
+    BWD_DKDV = {32: _DKDV_SMALL, 64: _DKDV_SMALL,
+                128: [_bwd(64, 64, 8, 2), _bwd(64, 64, 8, 3), _bwd(64, 128, 8, 2), _bwd(32, 128, 8, 3)]}
+    BWD_DQ = {32: _DQ_SMALL, 64: _DQ_SMALL,
+              128: [_bwd(128, 64, 8, 2), _bwd(128, 64, 8, 3), _bwd(128, 32, 8, 4), _bwd(64, 64, 4, 3)]}
     _FP8 = [_fwd(128, 128, 8, 2), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 3, tma=True)]
     FP8 = {32: _FP8, 64: _FP8, 128: _FP8}
 
