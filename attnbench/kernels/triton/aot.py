@@ -119,6 +119,23 @@ def resources(cubin: bytes) -> dict:
     return {names[k]: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", text)}
 
 
+def wgmma_serialized(ptx: str, arch: int) -> bool | None:
+    """Whether ptxas reports (C7511) that it serialised the kernel's wgmma: each ``HGMMA`` is then followed by a
+    wait for all (``WARPGROUP.DEPBAR.LE gsb0, 0x0``), so no wgmma stays in flight across other work. ``None`` where
+    none of Triton's ptxas binaries takes the PTX (Triton 3.9 emits PTX 9.4 for the newer of its two)."""
+    nvidia = triton.knobs.nvidia
+    paths = [knob.path for knob in (nvidia.ptxas, getattr(nvidia, "ptxas_blackwell", None)) if knob is not None]
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(ptx)
+        for path in paths:
+            done = subprocess.run([path, f"-arch=sm_{arch}a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                                  capture_output=True, text=True)
+            if done.returncode == 0:
+                return "C7511" in done.stdout + done.stderr
+    return None
+
+
 def compile_row(kind: str, head_dim: int, config, arch: int = 90, causal: bool = True) -> dict:
     """Compile one config of one kernel for ``sm_<arch>``: its resources, dynamic shared memory and SASS mix."""
     from triton.tools.disasm import get_sass
@@ -136,7 +153,8 @@ def compile_row(kind: str, head_dim: int, config, arch: int = 90, causal: bool =
     except Exception as err:  # a config that does not compile is itself a finding
         row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
         return row
-    row.update(resources(compiled.asm["cubin"]), shared_bytes=compiled.metadata.shared)
+    row.update(resources(compiled.asm["cubin"]), shared_bytes=compiled.metadata.shared,
+               wgmma_serialized=wgmma_serialized(compiled.asm["ptx"], arch))
     counts = opcode_counts(get_sass(compiled.asm["cubin"]))
     row.update({op: counts.get(op, 0) for op in OPCODES if counts.get(op, 0)})
     return row
