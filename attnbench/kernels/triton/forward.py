@@ -86,6 +86,22 @@ def key_range(start_m, seq_q, seq_kv, CAUSAL: tl.constexpr, BLOCK_M: tl.constexp
 
 
 @triton.jit
+def shifted_scores(s, m_i, scale, offs_m, offs_n, seq_q, seq_kv, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """(S * scale - m_new, m_new, alpha = exp2(m_i - m_new)) of one raw score tile; MASKED: hidden keys -> -inf."""
+    if MASKED:
+        keep = offs_n[None, :] < seq_kv
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (seq_kv - seq_q))
+        s = tl.where(keep, s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        s = s - m_new[:, None]
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
+        s = s * scale - m_new[:, None]
+    return s, m_new, tl.math.exp2(m_i - m_new)
+
+
+@triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_desc, KS, VS,
                stride_kn, stride_kd, stride_vn, stride_vd, lo, hi, offs_m, offs_d, seq_q, seq_kv,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr, SCALE_ROWS: tl.constexpr,
@@ -102,17 +118,7 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
         if FP8:  # this tile's scales: scalar loads issued before the matmul's result is needed
             vs = tl.load(VS + start_n // SCALE_ROWS)
             scale = qk_scale * tl.load(KS + start_n // SCALE_ROWS)
-        if MASKED:
-            keep = offs_n[None, :] < seq_kv
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None] + (seq_kv - seq_q))
-            s = tl.where(keep, s * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            s = s - m_new[:, None]
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
-            s = s * scale - m_new[:, None]
-        alpha = tl.math.exp2(m_i - m_new)
+        s, m_new, alpha = shifted_scores(s, m_i, scale, offs_m, offs_n, seq_q, seq_kv, MASKED, CAUSAL)
         if FP8:
             p = tl.math.exp2(s + P_SHIFT)
             acc = acc * (alpha * (vs_prev / vs))[:, None]
@@ -131,6 +137,61 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
     return acc, l_i, m_i, vs_prev
 
 
+@triton.jit
+def _probabilities(acc, l_i, m_i, s, qk_scale, offs_m, offs_n, seq_q, seq_kv, MASKED: tl.constexpr,
+                   CAUSAL: tl.constexpr):
+    """One key tile's softmax from its raw scores: (P, acc and l rescaled to the new maximum, m_new)."""
+    s, m_new, alpha = shifted_scores(s, m_i, qk_scale, offs_m, offs_n, seq_q, seq_kv, MASKED, CAUSAL)
+    p = tl.math.exp2(s)
+    return p, acc * alpha[:, None], l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
+def _fwd_tiles_pipelined(acc, l_i, m_i, q, qk_scale, k_base, v_base, k_desc, v_desc, stride_kn, stride_kd,
+                         stride_vn, stride_vd, lo, hi, offs_m, offs_d, seq_q, seq_kv, MASKED: tl.constexpr,
+                         CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
+    """:func:`_fwd_tiles` (bf16/fp16) over key tiles [lo, hi) with ``Q K^T`` one tile ahead of the softmax
+    (FlashAttention-3, section 3.2). Iteration j runs ``acc += P_{j-1} V_{j-1}``, issues ``S_{j+1} = Q K_{j+1}^T``,
+    then the softmax of ``S_j``. The order is chosen for Triton's wgmma pipeliner (``asyncLaunchDots``): the
+    ``P V`` product's result is used in its own iteration, so it is followed by a wait for all wgmma; ``S_{j+1}``
+    is issued after that wait and its result is read only in the next iteration, after the next such wait, so the
+    compiler may leave it in flight across the softmax. Tile ``lo`` (prologue) and the last tile (epilogue) are
+    peeled; with one tile this is the plain update."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    if lo < hi:
+        k = load_rows(k_base, lo + offs_n0, offs_d, stride_kn, stride_kd, seq_kv, k_desc, lo, USE_TMA, False,
+                      not MASKED)
+        p, acc, l_i, m_i = _probabilities(acc, l_i, m_i, tl.dot(q, tl.trans(k)), qk_scale, offs_m, lo + offs_n0,
+                                          seq_q, seq_kv, MASKED, CAUSAL)
+        last = lo + (hi - lo - 1) // BLOCK_N * BLOCK_N
+        if last > lo:
+            k = load_rows(k_base, lo + BLOCK_N + offs_n0, offs_d, stride_kn, stride_kd, seq_kv, k_desc, lo + BLOCK_N,
+                          USE_TMA, False, not MASKED)
+            s = tl.dot(q, tl.trans(k))
+            for start_n in range(lo + BLOCK_N, last, BLOCK_N):  # the tiles between the first and the last
+                start_n = tl.multiple_of(start_n, BLOCK_N)
+                prev_n = start_n - BLOCK_N
+                next_n = start_n + BLOCK_N
+                v = load_rows(v_base, prev_n + offs_n0, offs_d, stride_vn, stride_vd, seq_kv, v_desc, prev_n, USE_TMA,
+                              False, not MASKED)
+                acc = tl.dot(p.to(q.dtype), v, acc)  # P_{j-1} V_{j-1}; the wait after it also completes S_j
+                k = load_rows(k_base, next_n + offs_n0, offs_d, stride_kn, stride_kd, seq_kv, k_desc, next_n, USE_TMA,
+                              False, not MASKED)
+                s_next = tl.dot(q, tl.trans(k))  # S_{j+1}: may stay in flight while S_j's softmax runs
+                p, acc, l_i, m_i = _probabilities(acc, l_i, m_i, s, qk_scale, offs_m, start_n + offs_n0, seq_q,
+                                                  seq_kv, MASKED, CAUSAL)
+                s = s_next
+            v = load_rows(v_base, last - BLOCK_N + offs_n0, offs_d, stride_vn, stride_vd, seq_kv, v_desc,
+                          last - BLOCK_N, USE_TMA, False, not MASKED)
+            acc = tl.dot(p.to(q.dtype), v, acc)
+            p, acc, l_i, m_i = _probabilities(acc, l_i, m_i, s, qk_scale, offs_m, last + offs_n0, seq_q, seq_kv,
+                                              MASKED, CAUSAL)
+        v = load_rows(v_base, last + offs_n0, offs_d, stride_vn, stride_vd, seq_kv, v_desc, last, USE_TMA, False,
+                      not MASKED)
+        acc = tl.dot(p.to(q.dtype), v, acc)
+    return acc, l_i, m_i
+
+
 @triton.jit(do_not_specialize=["n_scale_q", "n_scale_kv"])  # one compiled variant for every sequence length
 def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
               stride_qb, stride_qh, stride_qm, stride_qd,
@@ -139,7 +200,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
               stride_ob, stride_oh, stride_om, stride_od,
               heads_q, group, seq_q, seq_kv, n_scale_q, n_scale_kv,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr, SCALE_ROWS: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PIPELINE_QK: tl.constexpr = False):
     """One program: BLOCK_M query rows of one (batch, query head). Grid: (cdiv(seq_q, BLOCK_M), B * Hq)."""
     pid_bh, off_b, off_h, off_hkv, start_m = query_tile(heads_q, group, CAUSAL, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -176,12 +237,21 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     full, hi = key_range(start_m, seq_q, seq_kv, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i, vs_prev = _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_desc,
-                                        KS, VS, stride_kn, stride_kd, stride_vn, stride_vd, 0, full, offs_m, offs_d,
-                                        seq_q, seq_kv, False, CAUSAL, FP8, SCALE_ROWS, BLOCK_N, USE_TMA)
-    acc, l_i, m_i, vs_prev = _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_desc,
-                                        KS, VS, stride_kn, stride_kd, stride_vn, stride_vd, full, hi, offs_m, offs_d,
-                                        seq_q, seq_kv, True, CAUSAL, FP8, SCALE_ROWS, BLOCK_N, USE_TMA)
+    tl.static_assert(not (PIPELINE_QK and FP8), "PIPELINE_QK is a bf16/fp16 variant")
+    if PIPELINE_QK:
+        acc, l_i, m_i = _fwd_tiles_pipelined(acc, l_i, m_i, q, qk_scale, k_base, v_base, k_desc, v_desc, stride_kn,
+                                             stride_kd, stride_vn, stride_vd, 0, full, offs_m, offs_d, seq_q, seq_kv,
+                                             False, CAUSAL, BLOCK_N, USE_TMA)
+        acc, l_i, m_i = _fwd_tiles_pipelined(acc, l_i, m_i, q, qk_scale, k_base, v_base, k_desc, v_desc, stride_kn,
+                                             stride_kd, stride_vn, stride_vd, full, hi, offs_m, offs_d, seq_q, seq_kv,
+                                             True, CAUSAL, BLOCK_N, USE_TMA)
+    else:
+        acc, l_i, m_i, vs_prev = _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_desc,
+                                            KS, VS, stride_kn, stride_kd, stride_vn, stride_vd, 0, full, offs_m,
+                                            offs_d, seq_q, seq_kv, False, CAUSAL, FP8, SCALE_ROWS, BLOCK_N, USE_TMA)
+        acc, l_i, m_i, vs_prev = _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_desc,
+                                            KS, VS, stride_kn, stride_kd, stride_vn, stride_vd, full, hi, offs_m,
+                                            offs_d, seq_q, seq_kv, True, CAUSAL, FP8, SCALE_ROWS, BLOCK_N, USE_TMA)
 
     if FP8:
         acc = acc * vs_prev

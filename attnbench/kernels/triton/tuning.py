@@ -37,9 +37,10 @@ INTERPRET = (bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs")
              else os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on"))
 
 
-def _fwd(block_m: int, block_n: int, warps: int, stages: int, tma: bool = False) -> triton.Config:
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "USE_TMA": tma}, num_warps=warps,
-                         num_stages=stages)
+def _fwd(block_m: int, block_n: int, warps: int, stages: int, tma: bool = False,
+         pipeline_qk: bool = False) -> triton.Config:
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "USE_TMA": tma, "PIPELINE_QK": pipeline_qk},
+                         num_warps=warps, num_stages=stages)
 
 
 def _bwd(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
@@ -55,13 +56,17 @@ if INTERPRET:
     BWD_DQ = {d: [_bwd(32, 16, 4, 1)] for d in (32, 64, 128)}
     FP8 = FWD
 else:
-    # deeper TMA pipelines (the last two of each list; spill-free for sm_90, D128 128x128 x3: 225 of 227 KB shared)
+    # deeper TMA pipelines (spill-free for sm_90, D128 128x128 x3: 225 of 227 KB shared), then Q K^T issued one tile
+    # ahead of the softmax (PIPELINE_QK; TMA only: with pointer loads it sits at 255 registers at D128; ptxas
+    # serialises its wgmma, docs/triton.md, so it is offered for the GPU to time, not expected to win)
     _FWD_SMALL = [_fwd(128, 64, 4, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
-                  _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True)]
+                  _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True),
+                  _fwd(128, 64, 8, 3, tma=True, pipeline_qk=True)]
     _BWD_SMALL = [_bwd(64, 128, 8, 2), _bwd(64, 128, 8, 3), _bwd(64, 64, 4, 3)]
     FWD = {32: _FWD_SMALL, 64: _FWD_SMALL,
            128: [_fwd(128, 64, 8, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
-                 _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True)]}
+                 _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True),
+                 _fwd(128, 64, 8, 3, tma=True, pipeline_qk=True)]}
     BWD = {32: _BWD_SMALL, 64: _BWD_SMALL, 128: [_bwd(64, 64, 8, 2), _bwd(64, 64, 8, 3), _bwd(64, 128, 8, 2)]}
     # the separate dQ path: every config here compiles without spills for sm_90 (docs/triton.md); a 32-row
     # query tile in the dK/dV kernel is fine (its wgmma rows are keys), in _attn_bwd it falls back to HMMA for dQ
@@ -111,6 +116,8 @@ def pruner(table: dict):
         mine = [c for c in configs if any(c is t for t in table[head_dim])]
         if any(c.kwargs.get("USE_TMA") for c in mine) and not _tma_ok(named_args):
             mine = [c for c in mine if not c.kwargs.get("USE_TMA")]
+        if kwargs.get("FP8"):  # the pipelined Q K^T loop is a bf16/fp16 variant
+            mine = [c for c in mine if not c.kwargs.get("PIPELINE_QK")]
         if scale_rows:  # an fp8 tile must lie inside one scale block
             mine = [c for c in mine if scale_rows % c.kwargs["BLOCK_M"] == 0 and scale_rows % c.kwargs["BLOCK_N"] == 0]
         if not mine:
