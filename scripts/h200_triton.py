@@ -20,7 +20,9 @@ within a deadline (BUDGET_S, default 225 s; cases not started in time are ``skip
    then 64, S 4k/8k/16k/1k with B*S = 16k tokens, 16 heads, causal and not; the fp8 forward
    at the same shapes. In forward+backward, ``triton`` (the dQ path timed per shape by the
    launcher) is joined by ``triton-dq-atomic`` and ``triton-dq-separate``, the backward's two
-   dQ paths pinned, side by side. FLOPs from ``attnbench.bench.conventions.flops``;
+   dQ paths pinned, side by side. The forward's autotuning space holds both key loops (the plain one and
+   ``PIPELINE_QK``, Q K^T one tile ahead of the softmax); the one kept per shape is recorded
+   (``fwd_pipeline_qk``, ``fwd_config``). FLOPs from ``attnbench.bench.conventions.flops``;
 4. the compiler's report on the kernels of the S=4096 bf16 cases (registers, spills, shared
    memory, SASS instruction mix) and the roofline position against ceilings measured here;
 5. with time left, the ``gpu``-marked tests of tests/test_triton.py.
@@ -282,6 +284,8 @@ def describe(row: dict, reports: list, backend, case, tensors, part: str, ceilin
 
     tuned = fwd_kernels.attn_fwd_fp8 if part == "fp8" else fwd_kernels.attn_fwd
     row["fwd_config"] = str(getattr(tuned, "best_config", ""))
+    best = getattr(tuned, "best_config", None)  # which forward loop the autotuner kept (PIPELINE_QK: Q K^T ahead)
+    row["fwd_pipeline_qk"] = bool(best.kwargs.get("PIPELINE_QK")) if best is not None else None
     if part == "fwd_bwd":  # the path the latest backward ran (launch keeps only its kernels)
         row["dq_mode"] = "atomic" if "_attn_bwd" in launch.last_compiled else "separate"
         tuned_bwd = ([bwd_kernels.attn_bwd] if row["dq_mode"] == "atomic"
@@ -356,6 +360,11 @@ def write(rows: list, reports: list, notes: list, out: Path) -> pd.DataFrame:
         wide = ratios(df)
         text += ["", "## Targets", *targets(wide), "", "## TFLOP/s and ratios", wide.to_string(index=False,
                                                                                           float_format="%.2f")]
+    if "fwd_pipeline_qk" in df:  # the autotuner's choice between the two forward loops, per timed shape
+        chosen = df[(df.backend == "triton") & df.fwd_pipeline_qk.notna()]
+        text += ["", "## Forward loop chosen by the autotuner (fwd_pipeline_qk: Q K^T one tile ahead)",
+                 chosen[["part", "dtype", "head_dim", "seq", "causal", "fwd_pipeline_qk", "fwd_config"]]
+                 .to_string(index=False)]
     checks = df[df.part.isin(["check", "check-fp8"])]
     if len(checks):
         shape = f"B{CHECK['batch']} H{HEADS} S{CHECK['seq']}"
