@@ -283,7 +283,8 @@ class Run:
             self.scaler.unscale_(self.opt)
         params = [p for p in model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        before = [p.detach().clone() for p in params]
+        weights = [p.detach() for p in params]
+        before = torch._foreach_mul(weights, 1.0)  # one multi-tensor copy, not a kernel per parameter
         finite = torch.isfinite(ce) & torch.isfinite(grad_norm)
         if self.scaler:  # the scaler skips the update itself when it found inf/NaN gradients
             scale = self.scaler.get_scale()
@@ -292,7 +293,7 @@ class Run:
         elif bool(finite):
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        update_sq = torch.stack([torch.sum((p.detach() - b) ** 2) for p, b in zip(params, before)]).sum()
+        update_sq = torch.stack(torch._foreach_norm(torch._foreach_sub(weights, before))).square().sum()
         values = torch.stack([ce.detach(), z_term.detach(), log_z.detach().mean(), log_z.detach().max(),
                               grad_norm.detach().float(), update_sq.float()]).tolist()  # one device sync
         elapsed = time.perf_counter() - start
