@@ -3,8 +3,9 @@
 #   a. divergence: kernel swap (sdpa-math reference vs sdpa-flash, sdpa-cudnn) vs seed swap vs fp16-vs-fp32,
 #      weight divergence at snapshots, plus each backend's attention error against fp64 at the model's shape
 #   b. LR sensitivity at 3 LRs, baseline vs qk-layernorm + z-loss 1e-4 (bf16, uncompiled)
-#   c. FP8 recipes vs bf16 through torchao (tensorwise, rowwise; MXFP8 emulated on Hopper), uncompiled;
-#      `unavailable` rows where torchao is not installed
+#   c. FP8 recipes vs bf16 through torchao (tensorwise, rowwise; MXFP8 emulated on Hopper), compiled (torchao's
+#      casts run unfused without torch.compile: the first H200 attempt ran them uncompiled at a fraction of
+#      bf16's speed); `unavailable` rows where torchao is not installed
 #   d. layouts mha/gqa/mqa/mla at matched parameters, compiled, fastest backend per layout (bf16)
 # Model: pretrain.cuda of the default config (~10.7M parameters: 6 layers, 6 heads, 384 wide), byte-level
 # Shakespeare, seq 256, batch 64, 300 steps per run (STEPS=...). MFU uses the matmul rate measured here (attnbench.bench.ceilings).
@@ -52,7 +53,7 @@ print(f"device {device}, budget {budget:.0f}s, {steps} steps per run", flush=Tru
 
 peaks, summaries, steps_frames, extra = {}, [], [], []
 plans = {}
-for name, compiled in (("divergence", False), ("lr_sensitivity", False), ("fp8", False), ("layouts", True)):
+for name, compiled in (("divergence", False), ("lr_sensitivity", False), ("fp8", True), ("layouts", True)):
     try:
         plans[name] = [dataclasses.replace(s, train=dataclasses.replace(s.train, compile=compiled and device == "cuda"))
                        for s in ex.plan(config, name, device)]
