@@ -12,7 +12,8 @@ copy bandwidth, FlashInfer JIT times, fp8 errors).
 
 Budget (BUDGET_S, default 290 s). FlashInfer JIT-compiles each kernel variant once (about 70 s
 a prefill variant, 12 s a decode variant on 16 cores), so its variants are few (bf16 D128 prefill,
-single and ragged; GQA paged decode with bf16 and fp8 KV) and a background process compiles them
+single and ragged; GQA paged decode with bf16 and fp8 KV; MLA absorbed decode, d_c 512 + d_h^R 64, 16
+heads, in a job of its own) and a background process compiles them
 with half the cores (MAX_JOBS) while the other backends are measured; its compile times go into
 tables.md. Every job runs in its own process with a deadline: one crash or overrun loses that
 job's rows only, and groups not started in time are listed as skipped.
@@ -35,6 +36,8 @@ KV_TOKENS = 262144  # decode: batch * KV length constant (B64 at 4k, B2 at 128k)
 SEQS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 DECODE_KV = [4096, 8192, 16384, 32768, 65536, 131072]
 HEADS_FWD, HEADS_DECODE = 16, 32  # fwd: 16 x 128 = a 2048-wide model; decode: Llama-3-8B-like GQA 32/8
+HEADS_MLA = 16  # DeepSeek-V2's 128 heads over 8 GPUs, as in the hbm stage's mla group
+MLA_KV = [4096, 16384, 65536]
 TIMING = dict(warmup_ms=150, rep_ms=100)  # warm-up long enough for the power-limited clock to settle
 
 
@@ -43,8 +46,9 @@ def _fwd(mode, seqs, *, dtype="bf16", head_dim=128, layout="mha", causal=(False,
                  seq=s, causal=list(causal), dtype=dtype) for s in seqs]
 
 
-def _decode(kvs, *, dtype="bf16", layout="gqa", page_size=0):
-    return [dict(mode="decode", layout=layout, batch=KV_TOKENS // kv, heads_q=HEADS_DECODE, gqa_group=4, head_dim=128,
+def _decode(kvs, *, dtype="bf16", layout="gqa", page_size=0, heads_q=HEADS_DECODE):
+    """Decode grids; layout mla takes its dims from the grid defaults (d_c 512 + d_h^R 64), not head_dim."""
+    return [dict(mode="decode", layout=layout, batch=KV_TOKENS // kv, heads_q=heads_q, gqa_group=4, head_dim=128,
                  seq=kv, dtype=dtype, page_size=page_size) for kv in kvs]
 
 
@@ -69,6 +73,11 @@ JOBS = {
     "flashinfer": (["flashinfer", "flashinfer-fp8kv"], [
         ("decode", _decode(DECODE_KV, page_size=16)),
         ("fwd", _fwd("fwd", SEQS)),
+    ]),
+    # MLA absorbed decode on FlashInfer's MLA kernel; the other backends here take no 576-wide query (the hbm
+    # stage's mla group has sdpa-math, eager and flex on it)
+    "flashinfer-mla": (["flashinfer-mla"], [
+        ("decode-mla", _decode(MLA_KV, layout="mla", page_size=16, heads_q=HEADS_MLA)),
     ]),
 }
 GROUP_MIN_S = 20  # a group is started only with this much of the job's time left
@@ -112,6 +121,9 @@ def prewarm_flashinfer(report: Path) -> None:
         "prefill ragged batch (bf16, D128)": ("flashinfer", dict(mode="fwd", batch=2, seq_q=128, seq_kv=128)),
         "decode paged (bf16 KV, GQA 4)": ("flashinfer", dict(mode="decode", batch=2, seq_q=1, seq_kv=128)),
         "decode paged (fp8 KV, GQA 4)": ("flashinfer-fp8kv", dict(mode="decode", batch=2, seq_q=1, seq_kv=128)),
+        "decode MLA (bf16, d_c 512 + d_h^R 64)": ("flashinfer-mla", dict(
+            mode="decode", layout="mla", batch=2, heads_q=HEADS_MLA, heads_kv=1, head_dim_qk=576, head_dim_v=512,
+            seq_q=1, seq_kv=128)),
     }
     for label, (name, kw) in variants.items():
         backend = get_backend(name)
@@ -120,8 +132,8 @@ def prewarm_flashinfer(report: Path) -> None:
             times[label] = f"unavailable: {reason}"
             continue
         heads_q = HEADS_DECODE if kw["mode"] == "decode" else HEADS_FWD
-        case = Case(layout="gqa", heads_q=heads_q, heads_kv=heads_q // 4, head_dim_qk=128, head_dim_v=128,
-                    causal=False, dtype="bf16", **kw)
+        case = Case(**{**dict(layout="gqa", heads_q=heads_q, heads_kv=heads_q // 4, head_dim_qk=128, head_dim_v=128,
+                              causal=False, dtype="bf16"), **kw})
         start = time.perf_counter()
         try:
             backend.build(case, make_tensors(case, "cuda", seed=0))
@@ -194,7 +206,7 @@ def render(df: pd.DataFrame, jit: dict) -> str:
     for dtype, hd, layout in (("fp16", 128, "mha"), ("bf16", 64, "mha"), ("bf16", 128, "gqa"), ("bf16", 128, "mqa")):
         for causal in (False, True):
             parts += [fa3_style_table(df, mode="fwd", causal=causal, dtype=dtype, head_dim=hd, layout=layout), ""]
-    for layout, dtype in (("gqa", "bf16"), ("gqa", "fp16"), ("mha", "bf16"), ("mqa", "bf16")):
+    for layout, dtype in (("gqa", "bf16"), ("gqa", "fp16"), ("mha", "bf16"), ("mqa", "bf16"), ("mla", "bf16")):
         parts += [decode_table(df, layout=layout, dtype=dtype), ""]
     fp8 = df[(df["compute_dtype"] == "fp8") & (df["status"] == "ok")]
     if not fp8.empty:
@@ -240,8 +252,8 @@ def main() -> int:
     torch.cuda.empty_cache()  # the children need the memory this process's measurement buffers cached
     _log(f"ceilings: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 {ceilings.matmul_flops_per_s.get('bf16', 0) / 1e12:.0f} TFLOP/s")
 
-    for job in ("core", "absent", "flashinfer"):
-        if job == "flashinfer":  # FlashInfer's timing must not share the host with its compiler
+    for job in ("core", "absent", "flashinfer-mla", "flashinfer"):
+        if job.startswith("flashinfer"):  # FlashInfer's timing must not share the host with its compiler
             try:
                 prewarm.wait(timeout=max(1.0, deadline - time.time() - 60))
             except subprocess.TimeoutExpired:

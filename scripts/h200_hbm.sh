@@ -4,8 +4,8 @@
 # decode kernels, for the hbm groups of attnbench/schemas/hbm.schema.yaml (the H200 reference set):
 #   fwd     causal and not, S 1k/4k/16k with B*S = 16k, H16 D128 bf16 (holds the anchor B4 H16 S4096)
 #   decode  GQA Hq32 Hkv8 D128 B16 at KV 4k/16k/64k
-#   mla     absorbed MLA decode (d_c 512 + d_h^R 64, 16 heads) via sdpa-math, eager, flex
-# Core backends first; optional ones (fa4, flashinfer, ...) where registered, while time is left.
+#   mla     absorbed MLA decode (d_c 512 + d_h^R 64, 16 heads) via sdpa-math, eager, flex (+ flashinfer-mla)
+# Core backends first; optional ones (flashinfer-mla, fa4, flashinfer, ...) where registered, while time is left.
 # Writes $OUT/hbm.parquet, $OUT/ledger.parquet, $OUT/hbm-figures.tar.gz; prints a table, the ledger
 # check, and last the anchor check (bytes read / Q+K+V bytes, expected ~1.0-1.2x on flash-style kernels).
 # usage (GPU host, repository root): ATTNBENCH_GIT_SHA=<sha> OUT=<dir> bash scripts/h200_hbm.sh
@@ -32,11 +32,12 @@ config.update(sweep="h200-hbm", numerics=False,
               hbm={"timeout_s": 200})
 yaml.safe_dump(config, open(sys.argv[1], "w"), sort_keys=False)
 PY
-read -r -a extra < <(python3 -c "
+{ read -r -a extra; read -r -a mla_extra; } < <(python3 -c "
 from attnbench.kernels.registry import backend_names
 names = backend_names()
-print(' '.join(n for n in ['fa4', 'fa3', 'fa2', 'flashinfer', 'flashinfer-fp8kv', 'triton'] if n in names))")
-echo "optional backends registered here: ${extra[*]:-none}"
+print(' '.join(n for n in ['fa4', 'fa3', 'fa2', 'flashinfer', 'flashinfer-fp8kv', 'triton'] if n in names))
+print(' '.join(n for n in ['flashinfer-mla'] if n in names))")
+echo "optional backends registered here: ${extra[*]:-none}; for mla: ${mla_extra[*]:-none}"
 timeout 60 python3 -m attnbench.cli ceilings --out "$work/ceilings.json" 2>>"$log" || echo "ceilings: failed"
 
 part() {  # name min_seconds hbm-args...: one `attnbench hbm` call, skipped when too little time is left
@@ -57,6 +58,8 @@ core=(sdpa-flash sdpa-cudnn sdpa-efficient sdpa-math eager flex)
 # prefill first (it holds the anchor), then what a short lease may leave out
 part fwd 60 $(with fwd "${core[@]}")
 part mla 30 --group mla
+# FlashInfer's MLA kernel (its JIT compile is in the part's time): the absorbed decode on a dedicated kernel
+[ ${#mla_extra[@]} -gt 0 ] && part mla-extra 60 $(with mla "${mla_extra[@]}")
 if [ ${#extra[@]} -gt 0 ]; then
   part fwd-extra 40 $(with fwd "${extra[@]}")
   part decode-extra 30 $(with decode "${extra[@]}")

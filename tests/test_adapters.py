@@ -11,14 +11,16 @@ import torch
 
 from attnbench.bench.case import Case
 from attnbench.bench.inputs import make_tensors
-from attnbench.bench.microbench import RunOptions, run_group
+from attnbench.bench.microbench import RunOptions, base_row, run_group
+from attnbench.bench.numerics import check_numerics
 from attnbench.kernels import flash_attn, flashinfer, get_backend, safe_available
 from attnbench.kernels.eager import eager_attention
 from attnbench.kernels.flashinfer import PageTable, from_paged, from_ragged, indptr, to_paged, to_ragged
 
-ADAPTERS = ["fa2", "fa3", "fa3-fp8", "fa4", "flashinfer", "flashinfer-fp8kv"]
+ADAPTERS = ["fa2", "fa3", "fa3-fp8", "fa4", "flashinfer", "flashinfer-fp8kv", "flashinfer-mla"]
 MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface", "fa3-fp8": "flash_attn_interface",
-           "fa4": "flash_attn.cute", "flashinfer": "flashinfer", "flashinfer-fp8kv": "flashinfer"}
+           "fa4": "flash_attn.cute", "flashinfer": "flashinfer", "flashinfer-fp8kv": "flashinfer",
+           "flashinfer-mla": "flashinfer"}
 
 
 def case(**kw):
@@ -26,6 +28,12 @@ def case(**kw):
                 seq_q=40, seq_kv=40, causal=True, dtype="bf16")
     base.update(kw)
     return Case(**base)
+
+
+def mla_case(**kw):
+    """Absorbed MLA decode, DeepSeek-V2 dims (d_c 512 + d_h^R 64), 16 heads; 45 keys: not a page multiple."""
+    return case(**{**dict(mode="decode", layout="mla", heads_q=16, heads_kv=1, head_dim_qk=576, head_dim_v=512,
+                          seq_q=1, seq_kv=45, causal=False), **kw})
 
 
 def _missing(module: str) -> bool:
@@ -72,6 +80,16 @@ def test_microbench_rows_for_missing_adapters_say_how_to_install():
     ("flashinfer", dict(head_dim_qk=96, head_dim_v=96), False),
     ("flashinfer-fp8kv", dict(mode="decode", seq_q=1, causal=False), True),
     ("flashinfer-fp8kv", {}, False),
+    ("flashinfer", dict(mla_case().fields()), False),
+    ("flashinfer-mla", dict(mla_case().fields()), True),
+    ("flashinfer-mla", dict(mla_case(dtype="fp16", heads_q=128, page_size=1).fields()), True),
+    ("flashinfer-mla", dict(mla_case(dtype="fp32").fields()), False),
+    ("flashinfer-mla", dict(mla_case(heads_q=8).fields()), False),
+    ("flashinfer-mla", dict(mla_case(head_dim_qk=288, head_dim_v=256).fields()), False),  # d_c 256
+    ("flashinfer-mla", dict(mla_case(head_dim_qk=544).fields()), False),  # d_h^R 32
+    ("flashinfer-mla", dict(mla_case(seq_q=2, causal=True).fields()), False),
+    ("flashinfer-mla", dict(mode="fwd", layout="mla", heads_kv=1, head_dim_qk=576, head_dim_v=512), False),
+    ("flashinfer-mla", dict(mode="decode", layout="mqa", heads_kv=1, seq_q=1, causal=False), False),
 ])
 def test_supports_rules_give_reasons(name, kw, allowed):
     ok, reason = get_backend(name).supports(case(**kw))
@@ -146,6 +164,57 @@ def _reference(q, k, v, causal, scale):
     return eager_attention(q.double(), k.double(), v.double(), causal=causal, scale=scale)
 
 
+class FakeFlashInferMLA(types.ModuleType):
+    """flashinfer.mla in 0.7.4: ``BatchMLAPagedAttentionWrapper(workspace, ..., backend="auto")``, ``plan(qo_indptr,
+    kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale,
+    q_data_type, kv_data_type)``, ``run(q_nope, q_pe, ckv_cache, kpe_cache)`` -> (tokens, heads, head_dim_ckv).
+
+    ``run`` attends in fp64 from the tensors it is given alone, the way the kernel reads them: request b's query
+    rows ``qo_indptr[b]:qo_indptr[b+1]``, its pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` and their first
+    ``kv_len_arr[b]`` tokens, key = [ckv, kpe], value = ckv."""
+
+    def __init__(self, calls):
+        super().__init__("flashinfer.mla")
+        self.__spec__ = importlib.machinery.ModuleSpec("flashinfer.mla", None)
+        self.calls, self.plans, self.runs = calls, [], []
+
+    def BatchMLAPagedAttentionWrapper(self, float_workspace_buffer, use_cuda_graph=False, qo_indptr=None,
+                                      kv_indptr=None, kv_indices=None, kv_len_arr=None, backend="auto"):
+        fake = self
+        assert float_workspace_buffer.dtype == torch.uint8 and not float_workspace_buffer.any()
+        fake.backend = backend
+
+        class Wrapper:
+            def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
+                     page_size, causal, sm_scale, q_data_type, kv_data_type, use_profiler=False):
+                self.args = {k: v for k, v in locals().items() if k != "self"}
+                fake.plans.append(self.args)
+                fake.calls.append("mla_plan")
+
+            def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False, **unused):
+                fake.calls.append("mla_run")
+                fake.runs.append((q_nope, q_pe, ckv_cache, kpe_cache))
+                a = self.args
+                heads, d_c, d_r, size = a["num_heads"], a["head_dim_ckv"], a["head_dim_kpe"], a["page_size"]
+                assert q_nope.shape[1:] == (heads, d_c) and q_pe.shape[1:] == (heads, d_r)
+                assert ckv_cache.shape[1:] == (size, d_c) and kpe_cache.shape[1:] == (size, d_r)
+                assert q_nope.dtype == a["q_data_type"] and ckv_cache.dtype == a["kv_data_type"]
+                qo, kv, lens = a["qo_indptr"].tolist(), a["kv_indptr"].tolist(), a["kv_len_arr"].tolist()
+                assert all(qo[i + 1] - qo[i] == 1 for i in range(len(lens))) or not a["causal"]
+                outs = []
+                for b, n in enumerate(lens):
+                    pages = a["kv_indices"][kv[b]:kv[b + 1]].long()
+                    ckv = ckv_cache[pages].reshape(-1, d_c)[:n].double()  # (n, d_c): the latent, also the value
+                    key = torch.cat([ckv, kpe_cache[pages].reshape(-1, d_r)[:n].double()], dim=-1)
+                    q = torch.cat([q_nope[qo[b]:qo[b + 1]], q_pe[qo[b]:qo[b + 1]]], dim=-1).double()
+                    p = (torch.einsum("thd,nd->thn", q, key) * a["sm_scale"]).softmax(-1)
+                    outs.append(torch.einsum("thn,nd->thd", p, ckv))
+                return torch.cat(outs).to(q_nope.dtype)
+
+        fake.calls.append("mla_init")
+        return Wrapper()
+
+
 class FakeFlashInfer(types.ModuleType):
     """flashinfer 0.7.4's prefill and decode entry points, computed with the harness's eager attention."""
 
@@ -153,6 +222,7 @@ class FakeFlashInfer(types.ModuleType):
         super().__init__("flashinfer")
         self.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
         self.calls = []
+        self.mla = FakeFlashInferMLA(self.calls)
 
     def single_prefill_with_kv_cache(self, q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
                                      custom_mask=None, packed_custom_mask=None, causal=False, kv_layout="NHD",
@@ -217,6 +287,7 @@ class FakeFlashInfer(types.ModuleType):
 def fake_flashinfer(monkeypatch):
     fake = FakeFlashInfer()
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setitem(sys.modules, "flashinfer.mla", fake.mla)
     monkeypatch.setattr(flashinfer, "WORKSPACE_BYTES", 1 << 20)  # 128 MiB of zeros is slow on CPU
     flashinfer._flashinfer.cache_clear()
     yield fake
@@ -257,6 +328,80 @@ def test_flashinfer_paged_decode_wiring(fake_flashinfer, name, tol, page_size):
     run = backend.build(c, make_tensors(c, "cpu", seed=1))
     run()
     assert fake_flashinfer.calls == ["decode_plan", "decode_run", "decode_run"]
+
+
+@pytest.mark.parametrize("page_size", [0, 16, 7])
+def test_flashinfer_mla_build_pages_the_latent_and_plans_outside_the_timed_call(fake_flashinfer, page_size):
+    c = mla_case(page_size=page_size)
+    t = make_tensors(c, "cpu", seed=1)
+    run = get_backend("flashinfer-mla").build(c, t)
+    mla = fake_flashinfer.mla
+    assert fake_flashinfer.calls == ["mla_init", "mla_plan", "mla_run"] and mla.backend == "auto"
+    run()
+    assert fake_flashinfer.calls == ["mla_init", "mla_plan", "mla_run", "mla_run"]  # the timed call is run() alone
+    size = page_size or flashinfer.DEFAULT_PAGE_SIZE
+    pages = -(-45 // size)
+    plan = mla.plans[0]
+    assert plan["qo_indptr"].tolist() == [0, 1, 2]  # one query token per request
+    assert plan["kv_indptr"].tolist() == [0, pages, 2 * pages] and plan["kv_indices"].tolist() == list(range(2 * pages))
+    assert plan["kv_len_arr"].tolist() == [45, 45]
+    assert all(plan[k].dtype == torch.int32 for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"))
+    assert (plan["num_heads"], plan["head_dim_ckv"], plan["head_dim_kpe"], plan["page_size"]) == (16, 512, 64, size)
+    assert plan["causal"] is False and plan["sm_scale"] == c.scale == 576 ** -0.5  # the harness reference's scale
+    assert plan["q_data_type"] == plan["kv_data_type"] == torch.bfloat16
+    q_nope, q_pe, ckv, kpe = mla.runs[-1]
+    assert torch.equal(q_nope, t.q[:, :, 0, :512]) and torch.equal(q_pe, t.q[:, :, 0, 512:])
+    assert ckv.shape == (2 * pages, size, 512) and kpe.shape == (2 * pages, size, 64)
+    assert all(x.is_contiguous() for x in (q_nope, q_pe, ckv, kpe))
+    table = PageTable(plan["kv_indptr"], plan["kv_indices"], torch.tensor([45 - (pages - 1) * size] * 2), size)
+    assert torch.equal(from_paged(ckv[:, :, None], table, 45), t.k[..., :512])  # (B, 1, Skv, d_c)
+    assert torch.equal(from_paged(kpe[:, :, None], table, 45), t.k[..., 512:])
+    assert not ckv[pages - 1, 45 - (pages - 1) * size:].any()  # the last page's padding is zero
+
+
+@pytest.mark.parametrize("page_size", [0, 16, 7])
+def test_flashinfer_mla_output_matches_the_harness_fp64_reference(fake_flashinfer, page_size):
+    backend, c = get_backend("flashinfer-mla"), mla_case(page_size=page_size)
+    paged = {"page_size": page_size} if page_size else {}
+    t = make_tensors(c, "cpu", seed=2)
+    out = backend.attention(t.q, t.k, t.v, causal=False, scale=c.scale, **paged)
+    assert out.shape == (2, 16, 1, 512) and out.dtype == torch.bfloat16
+    result = check_numerics(c, lambda q, k, v: backend.attention(q, k, v, causal=c.causal, scale=c.scale, **paged),
+                            "cpu", seed=3)
+    assert 0 < result.out.rel_err < 1e-2 and result.worst_ratio_vs_eager() <= 2.0
+
+
+def test_flashinfer_mla_refuses_a_value_that_is_not_the_latent(fake_flashinfer):
+    c = mla_case()
+    t = make_tensors(c, "cpu", seed=4)
+    with pytest.raises(ValueError, match=r"v must equal k\[\.\.\., :512\]"):
+        get_backend("flashinfer-mla").attention(t.q, t.k, t.v + 1, causal=False, scale=c.scale)
+
+
+def test_flashinfer_mla_available_needs_sm80_and_the_mla_wrapper(fake_flashinfer, monkeypatch):
+    backend = get_backend("flashinfer-mla")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert safe_available(backend) == (True, "")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert safe_available(backend) == (False, "flashinfer-mla here needs compute capability >= 8.0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setitem(sys.modules, "flashinfer.mla", None)  # an install without the MLA module
+    ok, reason = safe_available(backend)
+    assert not ok and reason.startswith("flashinfer.mla.BatchMLAPagedAttentionWrapper is missing")
+    assert reason.endswith("install: pip install flashinfer-python")
+
+
+def test_flashinfer_mla_rows_count_the_latent_once_by_hand():
+    # the hbm `mla` case: B16 H16 Skv 4096, d_c 512 + d_h^R 64, bf16; the ledger's absorbed formula,
+    # (d_c + d_h^R) * 2 = 1152 bytes per token per layer, read once
+    c = mla_case(batch=16, seq_kv=4096)
+    latent = 16 * 4096 * 1152  # 75,497,472
+    q, o, lse = 16 * 16 * 576 * 2, 16 * 16 * 512 * 2, 16 * 16 * 4  # 294,912 + 262,144 + 1,024
+    assert base_row(c, get_backend("flashinfer-mla"), "cpu", None)["bytes_model"] == latent + q + o + lse == 76_055_552
+    table = 4 * (17 + 16 * 256 + 16)  # kv_indptr, kv_indices (256 pages each), kv_len_arr: int32
+    paged = mla_case(batch=16, seq_kv=4096, page_size=16)
+    assert base_row(paged, get_backend("flashinfer-mla"), "cpu", None)["bytes_model"] == 76_055_552 + table
 
 
 class FakeFlashAttnCute(types.ModuleType):

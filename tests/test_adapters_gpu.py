@@ -42,11 +42,18 @@ CASES = {
                             page_size=32),
     "decode-mqa-tensor-cores": case(mode="decode", batch=4, heads_q=32, heads_kv=1, layout="mqa", seq_q=1,
                                     seq_kv=2048, causal=False, page_size=16),
+    # absorbed MLA decode, DeepSeek-V2 dims (d_c 512 + d_h^R 64), 16 heads; page 1 as in FlashInfer's MLA example
+    "decode-mla": case(mode="decode", layout="mla", batch=8, heads_q=16, heads_kv=1, head_dim_qk=576, head_dim_v=512,
+                       seq_q=1, seq_kv=3001, causal=False),
+    "decode-mla-paged-1": case(mode="decode", layout="mla", batch=8, heads_q=16, heads_kv=1, head_dim_qk=576,
+                               head_dim_v=512, seq_q=1, seq_kv=3001, causal=False, page_size=1),
 }
 MATRIX = [(b, c) for b in ("fa2", "fa3", "fa4") for c in ("fwd", "fwd-b1-mqa", "fwd-fp16-d64", "fwd_bwd", "decode")]
 # FlashInfer JIT-compiles each variant for about a minute: the variants scripts/h200_backends.py uses (bf16,
 # head dim 128; single and ragged prefill; CUDA-core decode) plus one tensor-core decode, opt-in by env.
 MATRIX += [("flashinfer", c) for c in ("fwd", "fwd-b1-mqa", "decode", "decode-paged-32")]
+# one MLA JIT variant for both: the page size is a plan() argument, not part of the compiled module
+MATRIX += [("flashinfer-mla", c) for c in ("decode-mla", "decode-mla-paged-1")]
 if os.environ.get("ATTNBENCH_SLOW_JIT"):
     MATRIX += [("flashinfer", "decode-mqa-tensor-cores"), ("flashinfer", "fwd-fp16-d64")]
 FP8 = [("fa3-fp8", "fwd"), ("flashinfer-fp8kv", "decode"), ("flashinfer-fp8kv", "decode-paged-32")]
@@ -77,7 +84,8 @@ def test_fp8_adapter_error_is_finite_and_fp8_sized(name, key):
 
 @pytest.mark.parametrize("name, key", [("fa4", "fwd"), ("fa4", "fwd_bwd"), ("flashinfer", "fwd"),
                                        ("flashinfer", "fwd-b1-mqa"), ("flashinfer", "decode"),
-                                       ("flashinfer-fp8kv", "decode"), ("fa3", "fwd"), ("fa2", "fwd")])
+                                       ("flashinfer-fp8kv", "decode"), ("flashinfer-mla", "decode-mla"),
+                                       ("fa3", "fwd"), ("fa2", "fwd")])
 def test_kernels_that_ran_are_the_backends_own(name, key):
     backend, c = need(name), CASES[key]
     fn = backend.build(c, make_tensors(c, "cuda", seed=0))

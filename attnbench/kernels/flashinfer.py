@@ -1,4 +1,4 @@
-"""FlashInfer (``flashinfer-python``): single and batch (ragged) prefill, paged-KV batch decode.
+"""FlashInfer (``flashinfer-python``): single and batch (ragged) prefill, paged-KV batch decode, MLA decode.
 
 Layouts (all conversions happen in :meth:`build`, outside the timed call):
 
@@ -21,6 +21,21 @@ float ``k_scale``/``v_scale`` each (``x ~= x8 * scale``, scale = amax / 448). Fl
 ``k_scale`` into the softmax scale and multiplies the output by ``v_scale`` after the kernel
 (``BatchDecodeWithPagedKVCacheWrapper.run`` in 0.7.4: ``sm_scale *= k_scale`` ... ``out *= v_scale``),
 so that multiply is part of the timed call, as it is for FlashInfer's users.
+
+MLA absorbed decode (``flashinfer-mla``): ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` over a paged
+latent cache. The harness's MLA case (``attnbench.bench.case``) is already absorbed: q (B, H, 1, d_c + d_h^R),
+one latent "head" k (B, 1, Skv, d_c + d_h^R) whose first d_c dims are also the value. :meth:`build` splits
+them into the wrapper's four tensors, q_nope (B, H, d_c), q_pe (B, H, d_h^R), ckv pages
+(num_pages, page_size, d_c) and kpe pages (num_pages, page_size, d_h^R), and plans with ``qo_indptr =
+[0, 1, ..., B]``, the CSR page table and ``kv_len_arr`` (the KV length per request, in place of
+``last_page_len``). ``v`` is not read: the kernel takes the value from the ckv pages. ``sm_scale`` is the
+case's scale, the one the harness's fp64 reference uses (``Case.scale`` = 1/sqrt(d_c + d_h^R)); FlashInfer's
+own tests pass 1/sqrt(128 + 64), DeepSeek-V2's head dim before absorption, which the case does not carry.
+The kernel takes any float scale, so the choice changes the numbers compared, not the work. The wrapper
+picks its kernel with ``backend="auto"``: ``fa3`` (``mla::hopper::BatchMLAPageAttentionHopperKernel``) on
+sm_90 with CUDA >= 12.3, else ``fa2`` (``mla::BatchMLAPagedAttentionKernel``); either is one cooperative
+launch that also merges the split-KV partial outputs (``flashinfer/mla.py``, ``include/flashinfer/attention/
+mla_hopper.cuh``, ``mla.cuh``).
 
 JIT: FlashInfer compiles each kernel variant on first use (``plan()`` for the wrappers, the first
 call for single prefill); :meth:`build` triggers both, so the harness's ``setup_s`` (build plus
@@ -47,6 +62,10 @@ DEFAULT_PAGE_SIZE = 16
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace (split-k partials)
 TENSOR_CORE_GROUP = 4  # decode uses tensor cores when Hq / Hkv > 4 (SGLang, vLLM)
 HEAD_DIMS = (64, 128, 256)
+# FlashInfer's MLA kernels as built and tested (tests/attention/test_deepseek_mla.py): latent d_c 512 and RoPE
+# dim d_h^R 64 (DeepSeek-V2/V3), with DeepSeek's 128 query heads split over 1-8 GPUs
+MLA_DIMS = (512, 64)
+MLA_HEADS = (16, 32, 64, 128)
 
 
 def to_ragged(x: torch.Tensor) -> torch.Tensor:
@@ -122,6 +141,13 @@ def from_paged(pages: torch.Tensor, table: PageTable, seq_kv: int) -> torch.Tens
     return rows[:, :seq_kv].transpose(1, 2)
 
 
+def to_mla_pages(k: torch.Tensor, rank: int, table: PageTable) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA latent cache (B, 1, S, d_c + d_h^R) -> contiguous ckv (num_pages, page_size, d_c) and
+    kpe (num_pages, page_size, d_h^R) pages placed where ``table`` says; padding is zero."""
+    pages = to_paged(k, table)[:, :, 0]  # (num_pages, page_size, d_c + d_h^R): the one latent head
+    return pages[..., :rank].contiguous(), pages[..., rank:].contiguous()
+
+
 def use_tensor_cores(heads_q: int, heads_kv: int) -> bool:
     return heads_q // heads_kv > TENSOR_CORE_GROUP
 
@@ -173,7 +199,7 @@ class _FlashInfer(Backend):
         if case.dtype not in ("fp16", "bf16"):
             return False, f"{self.name} takes fp16 or bf16 (case dtype {case.dtype})"
         if case.layout == "mla":
-            return False, "this adapter does not map MLA (FlashInfer's is BatchMLAPagedAttentionWrapper)"
+            return False, f"{self.name} does not map MLA; flashinfer-mla does (BatchMLAPagedAttentionWrapper)"
         if case.head_dim_qk != case.head_dim_v or case.head_dim_qk not in HEAD_DIMS:
             return False, f"{self.name} here runs head_dim in {HEAD_DIMS} with head_dim_qk == head_dim_v"
         if case.has_backward:
@@ -255,3 +281,64 @@ class FlashInferFP8KV(_FlashInfer):
         if case.mode != "decode":
             return False, f"{self.name} is the fp8-KV decode path (case mode {case.mode})"
         return self._common_supports(case)
+
+
+def _mla_wrapper_class():
+    """``flashinfer.mla.BatchMLAPagedAttentionWrapper``, or None and why not."""
+    try:
+        return importlib.import_module("flashinfer.mla").BatchMLAPagedAttentionWrapper, ""
+    except Exception as err:  # an older or broken install: unavailable, not a crash
+        return None, f"{type(err).__name__}: {err}"
+
+
+@register
+class FlashInferMLA(_FlashInfer):
+    """Absorbed MLA decode on a paged latent cache (ckv + kpe pages); q and output in the case dtype."""
+
+    name = "flashinfer-mla"
+    # mla::hopper::BatchMLAPageAttentionHopperKernel (fa3, sm_90) or mla::BatchMLAPagedAttentionKernel (fa2)
+    kernel_pattern = r"BatchMLAPaged?Attention"
+
+    def available(self) -> tuple[bool, str]:
+        ok, reason = super().available()
+        if not ok:
+            return ok, reason
+        wrapper, error = _mla_wrapper_class()
+        if wrapper is None:
+            return False, (f"flashinfer.mla.BatchMLAPagedAttentionWrapper is missing ({error[:200]}); "
+                           f"install: {self.install_hint}")
+        return True, ""
+
+    def supports(self, case: Case) -> tuple[bool, str]:
+        if case.mode != "decode" or case.layout != "mla":
+            return False, f"{self.name} is MLA absorbed decode (case mode {case.mode}, layout {case.layout})"
+        if case.seq_q != 1:
+            return False, f"{self.name} here takes one query token per request (seq_q=1)"
+        if case.dtype not in ("fp16", "bf16"):
+            return False, f"{self.name} takes fp16 or bf16 (case dtype {case.dtype})"
+        dims = (case.head_dim_v, case.head_dim_qk - case.head_dim_v)
+        if dims != MLA_DIMS:
+            return False, (f"FlashInfer's MLA kernels take d_c {MLA_DIMS[0]} + d_h^R {MLA_DIMS[1]} "
+                           f"(case {dims[0]} + {dims[1]})")
+        if case.heads_q not in MLA_HEADS:
+            return False, f"{self.name} here runs heads_q in {MLA_HEADS} (case {case.heads_q})"
+        return True, ""
+
+    def _runner(self, q, k, v, *, causal: bool, scale: float, page_size: int | None):
+        """Paged MLA runner over BHSD q (B, H, 1, d_c + d_h^R), latent k (B, 1, Skv, d_c + d_h^R) and v, its
+        first d_c dims: (timed call, output -> BHSD)."""
+        b, h, _, _ = q.shape
+        rank, skv = v.shape[-1], k.shape[2]
+        if not torch.equal(v, k[..., :rank]):
+            raise ValueError(f"{self.name} reads the value from the latent: v must equal k[..., :{rank}]")
+        page_size = page_size or DEFAULT_PAGE_SIZE
+        table = PageTable.contiguous(b, skv, page_size, device=q.device)
+        ckv, kpe = to_mla_pages(k, rank, table)
+        q_nope, q_pe = q[:, :, 0, :rank].contiguous(), q[:, :, 0, rank:].contiguous()  # (B, H, d_c), (B, H, d_h^R)
+        wrapper = _mla_wrapper_class()[0](_workspace(q.device), backend="auto")
+        kv_len = torch.full((b,), skv, dtype=torch.int32, device=q.device)
+        wrapper.plan(indptr(b, 1, q.device), table.indptr, table.indices, kv_len, num_heads=h, head_dim_ckv=rank,
+                     head_dim_kpe=kpe.shape[-1], page_size=page_size, causal=causal, sm_scale=scale,
+                     q_data_type=q.dtype, kv_data_type=ckv.dtype)
+        run = functools.partial(wrapper.run, q_nope, q_pe, ckv, kpe)
+        return run, lambda out: out.unsqueeze(2)  # (B, H, d_c) -> (B, H, 1, d_c)
