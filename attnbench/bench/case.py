@@ -93,7 +93,12 @@ class Case:
 
     @property
     def scale(self) -> float:
-        """Softmax scale 1/sqrt(d_qk) (Vaswani et al. 2017; DeepSeek-V2 uses d_nope + d_rope)."""
+        """Softmax scale 1/sqrt(d_qk) (Vaswani et al. 2017), the one every backend and the reference use.
+
+        For absorbed MLA decode d_qk = d_c + d_h^R (576), while DeepSeek-V2 scales by the head dim
+        before absorption, 1/sqrt(d_h + d_h^R) (192), which a case does not record; the scale
+        changes no kernel's work, and numerics compare like with like.
+        """
         return self.head_dim_qk ** -0.5
 
     @property
