@@ -8,8 +8,12 @@
 # Core backends first; optional ones (flashinfer-mla, fa4, flashinfer, ...) where registered, while time is left.
 # Writes $OUT/hbm.parquet, $OUT/ledger.parquet, $OUT/hbm-figures.tar.gz; prints a table, the ledger
 # check, and last the anchor check (bytes read / Q+K+V bytes, expected ~1.0-1.2x on flash-style kernels).
-# usage (GPU host, repository root): ATTNBENCH_GIT_SHA=<sha> OUT=<dir> bash scripts/h200_hbm.sh
+# HBM_PARTS picks parts (default: all; names: fwd mla mla-extra fwd-extra decode-extra decode); with
+# KEEP=<earlier hbm.parquet>, its rows of (group, backend) pairs not measured now join the table.
+# usage (GPU host, repository root): ATTNBENCH_GIT_SHA=<sha> OUT=<dir> [HBM_PARTS="..."] [KEEP=<parquet>] bash scripts/h200_hbm.sh
 set -uo pipefail
+HBM_PARTS=${HBM_PARTS:-fwd mla mla-extra fwd-extra decode-extra decode}
+KEEP=${KEEP:-}
 OUT=${OUT:-results/h200-hbm}
 work=${WORK:-/tmp/attnbench-h200-hbm}
 rm -rf "$work"
@@ -40,9 +44,10 @@ print(' '.join(n for n in ['flashinfer-mla'] if n in names))")
 echo "optional backends registered here: ${extra[*]:-none}; for mla: ${mla_extra[*]:-none}"
 timeout 60 python3 -m attnbench.cli ceilings --out "$work/ceilings.json" 2>>"$log" || echo "ceilings: failed"
 
-part() {  # name min_seconds hbm-args...: one `attnbench hbm` call, skipped when too little time is left
+part() {  # name min_seconds hbm-args...: one `attnbench hbm` call, skipped when not chosen or too little time is left
   local name=$1 need=$2
   shift 2
+  [[ " $HBM_PARTS " == *" $name "* ]] || return 0
   local left=$((deadline - SECONDS - reserve))
   if [ "$left" -lt "$need" ]; then echo "skip $name: ${left}s left"; return; fi
   local ceil=()
@@ -66,6 +71,19 @@ if [ ${#extra[@]} -gt 0 ]; then
 fi
 part decode 40 $(with decode "${core[@]}")
 
+if [ -n "$KEEP" ]; then  # earlier rows of the (group, backend) pairs not measured now
+  python3 - "$KEEP" "$work/parts" <<'PY' || echo "keep: failed"
+import glob, sys
+import pandas as pd
+keep, parts = sys.argv[1:]
+now = pd.concat([pd.read_parquet(p) for p in glob.glob(f"{parts}/*.parquet")] or [pd.DataFrame(columns=["group", "backend"])])
+measured = set(zip(now["group"], now["backend"]))
+earlier = pd.read_parquet(keep)
+kept = earlier[[pair not in measured for pair in zip(earlier["group"], earlier["backend"])]]
+kept.to_parquet(f"{parts}/kept.parquet", index=False)
+print(f"kept {len(kept)} earlier rows of {len(set(zip(kept['group'], kept['backend'])))} (group, backend) pairs")
+PY
+fi
 parts=("$work"/parts/*.parquet)
 if [ -e "${parts[0]}" ]; then
   python3 -m attnbench.cli hbm-table --out "$OUT/hbm.parquet" "${parts[@]}" 2>>"$log" || echo "hbm-table: failed"
