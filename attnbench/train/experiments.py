@@ -9,8 +9,9 @@
 * ``lr_sensitivity`` (Wortsman et al. 2023): final loss against learning rate for each
   variant (default: baseline, and qk-layernorm with z-loss 1e-4), the LR-sensitivity
   score, and the max attention logit over steps.
-* ``fp8``: bf16 against the torchao FP8 recipes (tensorwise, rowwise, MXFP8): loss gap,
-  spike score, and scale statistics of every recipe on every run's tensors.
+* ``fp8``: bf16 against the FP8 recipes (torchao tensorwise, rowwise; MXFP8, emulated by
+  attnbench where torchao cannot run it): loss gap, spike score, and scale statistics of
+  every recipe on every run's tensors.
 * ``layouts``: mha/gqa/mqa/mla at matched parameter counts (the MLP width absorbs the
   difference, Shazeer 2019): loss vs tokens/s vs KV bytes/token.
 

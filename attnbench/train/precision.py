@@ -1,4 +1,4 @@
-"""Training precisions (fp32, bf16 autocast, fp16 with loss scaling, FP8 through torchao) and FP8 scale statistics.
+"""Training precisions (fp32, bf16 autocast, fp16 with loss scaling, FP8 through torchao, MXFP8) and FP8 scale statistics.
 
 Precisions (``train.precision``):
 
@@ -11,12 +11,19 @@ Precisions (``train.precision``):
   but the tied output head, inside bf16 autocast. Where the device has no FP8 matmul
   (CUDA capability < 8.9, or CPU) torchao's ``emulate=True`` runs the same numerics
   in high precision: the run is flagged ``emulated`` and claims no speed.
-* ``mxfp8``: torchao's MXFP8 training (blocks of 32 sharing an E8M0 scale, OCP MX
-  v1.0), emulated below CUDA capability 10.0 (Blackwell), flagged as such.
+* ``mxfp8``: MXFP8 training (blocks of 32 sharing an E8M0 scale, OCP MX v1.0; RCEIL
+  scales; e4m3 for input, weight and output gradient) on every Linear but the tied
+  head, inside bf16 autocast. On CUDA capability >= 10.0 (Blackwell) with a torchao
+  whose ``MXFP8TrainingOpConfig`` (``MXFP8_RCEIL``) converts and trains a copy of the
+  model, torchao's kernels run it. Everywhere else (CPU, Hopper and older, no torchao,
+  or torchao refusing, as 0.18 does on torch 2.11 and on CPU) attnbench emulates the
+  recipe (:class:`MXFP8EmulatedLinear`: each of the three GEMMs on operands quantised
+  and dequantised along its reduction dim, computed in bf16), flagged ``emulated``
+  with torchao's reason in the note; no speed is claimed.
 
-torchao is optional (``pip install 'attnbench[fp8]'``): without it the FP8
-precisions raise :class:`PrecisionUnavailable` with the reason, and the run becomes
-an ``unavailable`` row.
+torchao is optional (``pip install 'attnbench[fp8]'``): without it ``fp8-tensorwise``
+and ``fp8-rowwise`` raise :class:`PrecisionUnavailable` with the reason, and the run
+becomes an ``unavailable`` row; ``mxfp8`` runs emulated.
 
 FP8 scale statistics (:func:`fp8_tensor_stats`) are computed here, on the tensors a
 Linear layer would cast (input, weight, gradient of the output), for any run and
@@ -39,6 +46,7 @@ zero in the FP8 format). e4m3 max 448, e5m2 max 57344 (Micikevicius et al. 2022)
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -51,6 +59,7 @@ STATS_RECIPES = ("tensorwise", "rowwise", "mxfp8", "mxfp8-floor")
 TENSOR_KINDS = ("act", "weight", "grad")
 MX_BLOCK = 32
 E4M3_EMAX = 8  # exponent of the largest power of two in e4m3 (2^8 = 256 <= 448)
+E8M0_EMAX = 127  # E8M0 scales are 2^-127 .. 2^127 (255 is NaN)
 
 
 @dataclass(frozen=True)
@@ -130,37 +139,37 @@ def apply_precision(model: nn.Module, precision: Precision, device: str) -> tupl
     """Convert ``model`` in place for ``precision``; return (emulated, note). Raises PrecisionUnavailable."""
     if precision.fp8_recipe is None:
         return False, ""
+    if not any(fp8_linear_filter(m, n) for n, m in model.named_modules()):
+        raise PrecisionUnavailable(f"{precision.name}: no Linear layer has both dims a multiple of 16")
+    if precision.fp8_recipe == "mxfp8":
+        return _apply_mxfp8(model, precision, device)
     try:
         import torchao
     except ImportError as err:
         raise PrecisionUnavailable(f"{precision.name} needs torchao, which is not installed here "
                                    f"(pip install 'attnbench[fp8]'; {err})") from None
     version = getattr(torchao, "__version__", "?")
-    if not any(fp8_linear_filter(m, n) for n, m in model.named_modules()):
-        raise PrecisionUnavailable(f"{precision.name}: no Linear layer has both dims a multiple of 16")
     try:
-        if precision.fp8_recipe in ("tensorwise", "rowwise"):
-            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-            emulated = _capability(device) < (8, 9)
-            config = Float8LinearConfig.from_recipe_name(precision.fp8_recipe)
-            if emulated:
-                config = dataclasses.replace(config, emulate=True)
-            convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear_filter)
-        else:
-            emulated = _capability(device) < (10, 0)
-            _convert_mxfp8(model, emulated)
-    except PrecisionUnavailable:
-        raise
+        emulated = _capability(device) < (8, 9)
+        config = Float8LinearConfig.from_recipe_name(precision.fp8_recipe)
+        if emulated:
+            config = dataclasses.replace(config, emulate=True)
+        convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear_filter)
     except Exception as err:  # an API this torchao lacks, or a device it refuses
         raise PrecisionUnavailable(f"{precision.name}: torchao {version} failed to convert the model: "
-                                   f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
-    _smoke_test(model, precision, device, version)
+                                   f"{_first_line(err)}") from None
+    _smoke_test(model, precision, device, f"torchao {version}")
     note = f"torchao {version}" + (", emulated: numerics only, no speed claimed" if emulated else "")
     return emulated, note
 
 
-def _smoke_test(model: nn.Module, precision: Precision, device: str, version: str) -> None:
+def _first_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+
+
+def _smoke_test(model: nn.Module, precision: Precision, device: str, who: str) -> None:
     """One forward and backward of the converted model (32 tokens: an MX block) before any step counts."""
     idx = torch.zeros(1, 32, dtype=torch.long, device=device)
     try:
@@ -168,25 +177,63 @@ def _smoke_test(model: nn.Module, precision: Precision, device: str, version: st
             out = model(idx)
         out.float().mean().backward()
     except Exception as err:
-        raise PrecisionUnavailable(f"{precision.name}: torchao {version} cannot train this model here: "
-                                   f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}") from None
+        raise PrecisionUnavailable(f"{precision.name}: {who} cannot train this model here: {_first_line(err)}") from None
     finally:
         model.zero_grad(set_to_none=True)
 
 
-def _convert_mxfp8(model: nn.Module, emulated: bool) -> None:
-    """torchao >= 0.15 (``MXFP8TrainingOpConfig``), else the older ``MXLinearConfig`` recipes."""
+def _apply_mxfp8(model: nn.Module, precision: Precision, device: str) -> tuple[bool, str]:
+    """torchao's MXFP8 kernels on CUDA capability >= 10.0 where they convert and train; else attnbench's emulation.
+
+    torchao is tried on a copy of the model, so a refusal (an import, an assert, a failed
+    smoke test) leaves ``model`` untouched for the emulation; its reason goes into the note.
+    """
+    reason = _torchao_mxfp8_refusal(model, precision, device)
+    if reason is None:
+        import torchao
+
+        _convert_mxfp8(model)
+        return False, f"torchao {getattr(torchao, '__version__', '?')} MXFP8 (RCEIL)"
+    _convert_mxfp8_emulated(model)
+    _smoke_test(model, precision, device, "attnbench's MXFP8 emulation")
+    return True, (f"attnbench MXFP8 emulation (e4m3, RCEIL, blocks of 32, bf16 GEMMs): numerics only, "
+                  f"no speed claimed; not torchao because {reason}")
+
+
+def _torchao_mxfp8_refusal(model: nn.Module, precision: Precision, device: str) -> str | None:
+    """Why torchao's MXFP8 training cannot run ``model`` here, or None if it converts and trains a copy."""
+    if _capability(device) < (10, 0):
+        here = "CUDA {}.{}".format(*_capability(device)) if device == "cuda" else device
+        return f"its MXFP8 GEMMs need CUDA capability >= 10.0 (here: {here})"
+    try:
+        import torchao
+    except ImportError:
+        return "torchao is not installed"
+    version = getattr(torchao, "__version__", "?")
+    trial = copy.deepcopy(model)
+    try:
+        _convert_mxfp8(trial)
+    except Exception as err:  # an API this torchao lacks, or a torch it refuses
+        return f"torchao {version} failed to convert the model: {_first_line(err)}"
+    try:
+        _smoke_test(trial, precision, device, f"torchao {version}")
+    except PrecisionUnavailable as err:
+        return str(err)
+    return None
+
+
+def _convert_mxfp8(model: nn.Module) -> None:
+    """torchao >= 0.15 (``MXFP8TrainingOpConfig``, RCEIL), else the older ``MXLinearConfig`` cuBLAS recipe."""
     from torchao.quantization import quantize_
 
     try:
         from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
 
-        recipe = MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL if emulated else MXFP8TrainingRecipe.MXFP8_RCEIL
-        config = MXFP8TrainingOpConfig.from_recipe(recipe)
+        config = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL)
     except ImportError:
         from torchao.prototype.mx_formats import MXLinearConfig
 
-        config = MXLinearConfig.from_recipe_name("mxfp8_emulated" if emulated else "mxfp8_cublas")
+        config = MXLinearConfig.from_recipe_name("mxfp8_cublas")
     quantize_(model, config, filter_fn=fp8_linear_filter)
 
 
@@ -230,6 +277,15 @@ def _groups(x: torch.Tensor, recipe: str) -> torch.Tensor:
     return x.reshape(-1, MX_BLOCK)
 
 
+def mx_rceil_scale(amax: torch.Tensor, fmax: float) -> torch.Tensor:
+    """RCEIL multiplier s = 1/X, X = 2^ceil(log2(amax / fmax)), the exponent clamped to E8M0's [-127, 127].
+
+    torchao ``_to_mx_rceil`` (prototype/mx_formats/mx_tensor.py), after cuBLAS block scaling.
+    An all-zero block gets X = 2^-127 (torchao: the same exponent). amax is float32.
+    """
+    return torch.exp2(-torch.ceil(torch.log2(amax / fmax)).clamp(-E8M0_EMAX, E8M0_EMAX))
+
+
 def _scales(amax: torch.Tensor, recipe: str, fmt: Fp8Format) -> torch.Tensor:
     """Per-group multiplier s (x is cast as x * s); see the module docstring for each rule."""
     safe = amax.clamp(min=1e-12)
@@ -238,7 +294,7 @@ def _scales(amax: torch.Tensor, recipe: str, fmt: Fp8Format) -> torch.Tensor:
     if recipe == "rowwise":
         return torch.exp2(torch.floor(torch.log2(fmt.max / safe)))
     if recipe == "mxfp8":
-        return torch.exp2(-torch.ceil(torch.log2(safe / fmt.max)))
+        return mx_rceil_scale(amax, fmt.max)
     return torch.exp2(-(torch.floor(torch.log2(safe)) - E4M3_EMAX))  # mxfp8-floor
 
 
@@ -309,3 +365,85 @@ class Fp8StatsRecorder:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+# ---------------------------------------------------------------- MXFP8 emulation
+
+
+def _e4m3_round(y: torch.Tensor) -> torch.Tensor:
+    """y (float32) on the e4m3 grid: saturate to +-448, then round to nearest even (the cast)."""
+    fmax = FORMATS["e4m3"].max
+    return y.clamp(-fmax, fmax).to(torch.float8_e4m3fn).float()
+
+
+def mx_quantize(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x quantised to MXFP8 along ``dim`` and dequantised, in x's dtype.
+
+    Blocks of 32 consecutive elements along ``dim`` share an RCEIL scale X
+    (:func:`mx_rceil_scale`); elements are x / X cast to e4m3 (saturating), times X.
+    A ``dim`` not divisible by 32 has its last block padded with zeros (they change no
+    amax). Computed in float32, as torchao ``to_mx``; the result (e4m3 value times a
+    power of two) is exact in bfloat16.
+    """
+    t = x.detach().float().movedim(dim, -1)
+    n = t.shape[-1]
+    t = torch.nn.functional.pad(t, (0, (-n) % MX_BLOCK))
+    blocks = t.reshape(*t.shape[:-1], -1, MX_BLOCK)  # (..., n_blocks, 32)
+    s = mx_rceil_scale(blocks.abs().amax(dim=-1, keepdim=True), FORMATS["e4m3"].max)
+    q = (_e4m3_round(blocks * s) / s).reshape(t.shape)[..., :n]
+    return q.movedim(-1, dim).to(x.dtype)
+
+
+class _MXFP8Matmul(torch.autograd.Function):
+    """y = x w^T with each of a Linear's three GEMMs on operands MX-quantised along their reduction dim.
+
+    As torchao ``mx_mm`` (prototype/moe_training/mxfp8_linear.py), e4m3 for input, weight and
+    gradient, with M = tokens, K = in_features, N = out_features:
+    forward y = q(x, K) q(w, K)^T; dgrad dx = q(dy, N) q(w, N); wgrad dw = q(dy, M)^T q(x, M).
+    x (M, K) and w (N, K) arrive in the compute dtype; the GEMMs run in it.
+    """
+
+    @staticmethod
+    def forward(ctx, x_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x_MK, w_NK)
+        return mx_quantize(x_MK, 1) @ mx_quantize(w_NK, 1).t()
+
+    @staticmethod
+    def backward(ctx, dy_MN: torch.Tensor):
+        x_MK, w_NK = ctx.saved_tensors
+        dy_MN = dy_MN.to(x_MK.dtype)
+        dx_MK = mx_quantize(dy_MN, 1) @ mx_quantize(w_NK, 0)
+        dw_NK = mx_quantize(dy_MN, 0).t() @ mx_quantize(x_MK, 0)
+        return dx_MK, dw_NK
+
+
+class MXFP8EmulatedLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state-dict keys) training through :class:`_MXFP8Matmul`.
+
+    The GEMMs run in the autocast dtype when autocast is on (bf16 for ``mxfp8``, as torchao's
+    emulated recipe with ``out_dtype=bfloat16``), else in the input's dtype.
+    """
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "MXFP8EmulatedLinear":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight, new.bias = linear.weight, linear.bias
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+        with torch.autocast(kind, enabled=False):
+            y = _MXFP8Matmul.apply(x.reshape(-1, self.in_features).to(dtype), self.weight.to(dtype))
+            y = y.reshape(*x.shape[:-1], self.out_features)
+            return y if self.bias is None else y + self.bias.to(dtype)
+
+
+def _convert_mxfp8_emulated(model: nn.Module) -> None:
+    """Swap every Linear :func:`fp8_linear_filter` selects for an :class:`MXFP8EmulatedLinear` sharing its parameters."""
+    for fqn, module in list(model.named_modules()):
+        if fp8_linear_filter(module, fqn) and not isinstance(module, MXFP8EmulatedLinear):
+            parent, _, name = fqn.rpartition(".")
+            setattr(model.get_submodule(parent), name, MXFP8EmulatedLinear.from_linear(module))
