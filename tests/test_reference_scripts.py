@@ -47,3 +47,17 @@ def test_context_script_writes_cost_and_capability(tmp_path):
     capability = pd.read_parquet(out / "context_capability.parquet")
     assert set(capability["method"]) == {"none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3"}
     assert (capability["status"] == "ok").all()
+
+
+def test_hbm_script_measures_chosen_parts_and_keeps_earlier_rows(tmp_path):
+    earlier = ROOT / "results" / "reference" / "h200" / "hbm" / "hbm.parquet"
+    out = run_script("h200_hbm.sh", tmp_path, BUDGET_S=200, HBM_PARTS="fwd mla", KEEP=earlier)
+    df = pd.read_parquet(out / "hbm.parquet")
+    new = df[df["status"] == "unavailable"]  # no GPU here: what ran now is an unavailable row
+    assert set(new["group"]) == {"fwd", "mla"} and {"sdpa-cudnn", "flex"} <= set(new["backend"])
+    old = pd.read_parquet(earlier)
+    kept = df[df["status"] == "ok"].merge(old, on=["group", "case_id", "backend"], suffixes=("", "_earlier"))
+    assert len(kept) == (df["status"] == "ok").sum() > 0  # every measured row comes from the earlier file
+    assert (kept["bytes_read"] == kept["bytes_read_earlier"]).all()
+    assert {"decode"} <= set(kept["group"]) and "fa4" in set(kept[kept["group"] == "fwd"]["backend"])
+    assert (out / "ledger.parquet").is_file()
