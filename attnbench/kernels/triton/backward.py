@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton.forward import key_range, load_rows, query_tile
+from attnbench.kernels.triton.forward import key_range, load_rows, query_tile, visible
 from attnbench.kernels.triton.tuning import BWD, BWD_DKDV, BWD_DQ, pruner, quick_bench, union
 
 
@@ -91,10 +91,7 @@ def _bwd_query_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ_ACC, sm_scale, off_b, o
         s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M): S^T
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
-            keep = offs_n[:, None] < seq_kv
-            if CAUSAL:
-                keep = keep & (offs_n[:, None] <= offs_m[None, :] + (seq_kv - seq_q))
-            p_t = tl.where(keep, p_t, 0.0)
+            p_t = tl.where(visible(offs_m[None, :], offs_n[:, None], seq_q, seq_kv, CAUSAL), p_t, 0.0)
         do = tl.load(DO + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh
                      + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=rows[:, None], other=0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
@@ -176,10 +173,7 @@ def _dq_key_tiles(dq, q, do, lse2, delta, qk_scale, k_base, v_base, stride_kn, s
         k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, seq_kv, None, start_n, False, False, not MASKED)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])  # (BLOCK_M, BLOCK_N)
         if MASKED:
-            keep = offs_n[None, :] < seq_kv
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None] + (seq_kv - seq_q))
-            p = tl.where(keep, p, 0.0)
+            p = tl.where(visible(offs_m[:, None], offs_n[None, :], seq_q, seq_kv, CAUSAL), p, 0.0)
         v = load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, seq_kv, None, start_n, False, False, not MASKED)
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])

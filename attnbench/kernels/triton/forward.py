@@ -86,12 +86,21 @@ def key_range(start_m, seq_q, seq_kv, CAUSAL: tl.constexpr, BLOCK_M: tl.constexp
 
 
 @triton.jit
+def visible(query_pos, key_pos, seq_q, seq_kv, CAUSAL: tl.constexpr):
+    """Which (query, key) pairs attend: the key inside ``seq_kv`` and, causal, at most the query's position
+    aligned bottom-right (``j <= i + seq_kv - seq_q``). Positions broadcast in either orientation:
+    ``offs_m[:, None], offs_n[None, :]`` for a score tile, the transpose for an S^T tile."""
+    keep = key_pos < seq_kv
+    if CAUSAL:
+        keep = keep & (key_pos <= query_pos + (seq_kv - seq_q))
+    return keep
+
+
+@triton.jit
 def shifted_scores(s, m_i, scale, offs_m, offs_n, seq_q, seq_kv, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """(S * scale - m_new, m_new, alpha = exp2(m_i - m_new)) of one raw score tile; MASKED: hidden keys -> -inf."""
     if MASKED:
-        keep = offs_n[None, :] < seq_kv
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (seq_kv - seq_q))
+        keep = visible(offs_m[:, None], offs_n[None, :], seq_q, seq_kv, CAUSAL)
         s = tl.where(keep, s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         s = s - m_new[:, None]
