@@ -143,8 +143,7 @@ def kv_measured_table(hbm: pd.DataFrame) -> list[dict]:
         tokens = case.batch * case.seq_kv
         # an fp8 backend (e.g. flashinfer-fp8kv) caches K and V in fp8 whatever the case dtype
         kv_dtype = "fp8" if _text(r.get("compute_dtype")) == "fp8" else case.dtype
-        kv_bytes = conventions.kv_cache_bytes(case) / conventions.ELEMENT_BYTES[case.dtype] * \
-            conventions.ELEMENT_BYTES[kv_dtype]
+        kv_bytes = conventions.kv_cache_bytes(case, ("k", "v") if kv_dtype == "fp8" else ())
         formula = kv_bytes / tokens  # per token per layer: one layer's cache
         ok = r["status"] == "ok"
         ms = r.get("ms_median", float("nan"))
