@@ -17,7 +17,7 @@ from attnbench.models.gpt import GPTConfig, count_params
 from attnbench.train import experiments as ex
 from attnbench.train.data import DataConfig, SyntheticConfig, load_tokens
 from attnbench.train.loop import RunSpec, TrainConfig, lr_at, train
-from attnbench.train.precision import (Fp8StatsRecorder, MXFP8EmulatedLinear, _e4m3_round, fp8_tensor_stats,
+from attnbench.train.precision import (FORMATS, Fp8StatsRecorder, MXFP8EmulatedLinear, fp8_tensor_stats,
                                        get_precision, mx_quantize)
 
 TINY_MODEL = GPTConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=16)
@@ -150,7 +150,7 @@ def test_mx_quantize_known_values():
     expected = [3.0, 1.125, 1.25 / 128, 2.0 ** -16, 1.0, -3.0]
     q = mx_quantize(x, 1)
     assert q[0, :6].tolist() == expected and (q[0, 6:] == 0).all() and (q[1] == 0).all()  # a zero block stays zero
-    assert _e4m3_round(torch.tensor([440.0, 470.0, -1e6])).tolist() == [448.0, 448.0, -448.0]  # saturates, no NaN
+    assert FORMATS["e4m3"].round(torch.tensor([440.0, 470.0, -1e6])).tolist() == [448.0, 448.0, -448.0]  # saturates, no NaN
     # amax 449 needs X = 2: 449/2 = 224.5 -> 224, so it comes back as 448, not above
     assert mx_quantize(torch.tensor([[449.0, 1.0]]), 1).tolist() == [[448.0, 1.0]]  # 2 elements: padded block
     assert mx_quantize(x.bfloat16(), 1).dtype == torch.bfloat16

@@ -80,6 +80,10 @@ class Fp8Format:
         top_ulp = 2.0 ** math.floor(math.log2(self.max)) * float(torch.finfo(self.dtype).eps)
         return self.max + top_ulp / 2
 
+    def round(self, y: torch.Tensor) -> torch.Tensor:
+        """y (float32) on this format's grid: saturate to +-max, then the cast's round to nearest even."""
+        return y.clamp(-self.max, self.max).to(self.dtype).float()
+
 
 FORMATS = {"e4m3": Fp8Format(torch.float8_e4m3fn), "e5m2": Fp8Format(torch.float8_e5m2)}
 RECIPE_FORMATS = {  # (act, weight, grad) formats per recipe
@@ -310,7 +314,7 @@ def fp8_tensor_stats(x: torch.Tensor, recipe: str, fmt: str) -> Fp8Stats:
     y = g * scale[:, None]
     nonzero = g != 0
     over = y.abs() > f.overflow_above
-    rounded = y.clamp(-f.max, f.max).to(f.dtype).float()
+    rounded = f.round(y)
     under = nonzero & (rounded == 0)
     return Fp8Stats(amax=float(amax.max()) if amax.numel() else 0.0,
                     log2_scale_sum=float(torch.log2(scale[live]).sum()), groups=int(live.sum()),
@@ -370,27 +374,21 @@ class Fp8StatsRecorder:
 # ---------------------------------------------------------------- MXFP8 emulation
 
 
-def _e4m3_round(y: torch.Tensor) -> torch.Tensor:
-    """y (float32) on the e4m3 grid: saturate to +-448, then round to nearest even (the cast)."""
-    fmax = FORMATS["e4m3"].max
-    return y.clamp(-fmax, fmax).to(torch.float8_e4m3fn).float()
-
-
 def mx_quantize(x: torch.Tensor, dim: int) -> torch.Tensor:
     """x quantised to MXFP8 along ``dim`` and dequantised, in x's dtype.
 
     Blocks of 32 consecutive elements along ``dim`` share an RCEIL scale X
     (:func:`mx_rceil_scale`); elements are x / X cast to e4m3 (saturating), times X.
     A ``dim`` not divisible by 32 has its last block padded with zeros (they change no
-    amax). Computed in float32, as torchao ``to_mx``; the result (e4m3 value times a
-    power of two) is exact in bfloat16.
+    amax), as the statistics' MX groups (:func:`_groups`). Computed in float32, as
+    torchao ``to_mx``; the result (e4m3 value times a power of two) is exact in bfloat16.
     """
-    t = x.detach().float().movedim(dim, -1)
+    t = x.movedim(dim, -1)
     n = t.shape[-1]
-    t = torch.nn.functional.pad(t, (0, (-n) % MX_BLOCK))
-    blocks = t.reshape(*t.shape[:-1], -1, MX_BLOCK)  # (..., n_blocks, 32)
-    s = mx_rceil_scale(blocks.abs().amax(dim=-1, keepdim=True), FORMATS["e4m3"].max)
-    q = (_e4m3_round(blocks * s) / s).reshape(t.shape)[..., :n]
+    blocks = _groups(t, "mxfp8")  # (n_blocks, 32), float32
+    e4m3 = FORMATS["e4m3"]
+    s = mx_rceil_scale(blocks.abs().amax(dim=1, keepdim=True), e4m3.max)
+    q = (e4m3.round(blocks * s) / s).reshape(*t.shape[:-1], -1)[..., :n]
     return q.movedim(-1, dim).to(x.dtype)
 
 
