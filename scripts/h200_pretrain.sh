@@ -8,10 +8,14 @@
 #      bf16's speed); `unavailable` rows where torchao is not installed
 #   d. layouts mha/gqa/mqa/mla at matched parameters, compiled, fastest backend per layout (bf16)
 # Model: pretrain.cuda of the default config (~10.7M parameters: 6 layers, 6 heads, 384 wide), byte-level
-# Shakespeare, seq 256, batch 64, 300 steps per run (STEPS=...). MFU uses the matmul rate measured here (attnbench.bench.ceilings).
+# Shakespeare, seq 256, batch 64, 2000 steps per run (STEPS=...). MFU uses the matmul rate measured here (attnbench.bench.ceilings).
 # Every run is guarded (an error is a row) and time-boxed (a run past the budget is `truncated`).
+# EXPERIMENTS="divergence lr_sensitivity fp8 layouts" (the default: all four, in that order) picks a subset, so one
+# lease can run them as separate processes. Runs whose speed is compared (layouts) need the GPU to themselves;
+# SHARED_GPU=<what else ran> records, in every summary row's `gpu_shared_with`, that this process shared the GPU with
+# other training processes, whose tokens/s and MFU are then not the run's own (its losses and weights are).
 # Writes $OUT/pretrain_steps.parquet, $OUT/pretrain_runs.parquet, $OUT/pretrain_divergence.parquet
-# (weight divergence and fp64 numerics rows, column `table`), and prints a summary table last.
+# (weight divergence and fp64 numerics rows, column `table`; only with divergence), and prints a summary table last.
 # usage (on the GPU host, from the repository root): ATTNBENCH_GIT_SHA=<sha> OUT=<dir> bash scripts/h200_pretrain.sh
 set -uo pipefail
 OUT=${OUT:-results/h200-pretrain}
@@ -19,7 +23,8 @@ WORK=${WORK:-/tmp/attnbench-h200-pretrain}
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true
-python3 - "$OUT" "$WORK" "${BUDGET_S:-330}" "${STEPS:-300}" <<'PY'
+python3 - "$OUT" "$WORK" "${BUDGET_S:-330}" "${STEPS:-2000}" "${EXPERIMENTS:-divergence lr_sensitivity fp8 layouts}" \
+  "${SHARED_GPU:-}" <<'PY'
 import dataclasses, math, sys, time, traceback
 from pathlib import Path
 
@@ -28,11 +33,16 @@ import torch
 
 start = time.monotonic()
 out, work, budget, steps = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+chosen, shared_with = sys.argv[5].split(), sys.argv[6]
 deadline = start + budget
 from attnbench.config import load_config
 from attnbench.train import experiments as ex
 from attnbench.train.loop import train
 from attnbench.train.precision import get_precision
+
+unknown = [name for name in chosen if name not in ex.EXPERIMENTS]
+if unknown or not chosen:
+    sys.exit(f"EXPERIMENTS={' '.join(chosen)!r} is not allowed; allowed: any of {', '.join(ex.EXPERIMENTS)}")
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in the precision swap
@@ -42,18 +52,21 @@ compact = {  # the committed GPU-scale settings, shortened to fit the budget
               "eval_batches": 8, "probe_every": 10, "ckpt_every": 0,
               # flex compiles per shape (tens of seconds) and sdpa-math is never the fastest: left out of `auto`
               "backend_candidates": ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient"]},
-    "experiments": {"divergence": {"backends": ["sdpa-math", "sdpa-flash", "sdpa-cudnn"], "snapshots": 4},
+    "experiments": {"divergence": {"backends": ["sdpa-math", "sdpa-flash", "sdpa-cudnn"]},
                     "lr_sensitivity": {"lrs": [0.001, 0.01, 0.1]}},
 }
 config["pretrain"]["cuda"] = ex.deep_merge(config["pretrain"]["cuda"], compact)
 if device == "cpu":  # a smoke run of this script without a GPU: the CPU-sized model, a few steps
     config["pretrain"]["train"].update(steps=min(steps, 20), eval_every=10, probe_every=5)
     config["pretrain"]["experiments"]["lr_sensitivity"]["lrs"] = [0.001, 0.01, 0.1]
-print(f"device {device}, budget {budget:.0f}s, {steps} steps per run", flush=True)
+print(f"device {device}, budget {budget:.0f}s, {steps} steps per run, experiments {' '.join(chosen)}"
+      + (f", GPU shared with {shared_with}" if shared_with else ""), flush=True)
 
 peaks, summaries, steps_frames, extra = {}, [], [], []
 plans = {}
 for name, compiled in (("divergence", False), ("lr_sensitivity", False), ("fp8", True), ("layouts", True)):
+    if name not in chosen:
+        continue
     try:
         plans[name] = [dataclasses.replace(s, train=dataclasses.replace(s.train, compile=compiled and device == "cuda"))
                        for s in ex.plan(config, name, device)]
@@ -94,7 +107,7 @@ def run(name, spec):
             spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile=False))
             s = train(spec, ex.run_dir(work / name, spec), device, peak_flops=peak, progress=False,
                       deadline=deadline - 5)
-        summaries.append(s)
+        summaries.append(dict(s, gpu_shared_with=shared_with))
         path = ex.run_dir(work / name, spec) / "steps.parquet"
         if path.is_file():
             steps_frames.append(pd.read_parquet(path).assign(**{k: str(v) for k, v in spec.tags.items()}))
@@ -118,15 +131,16 @@ for spec in plans.get("fp8", []):
     run("fp8", spec)
 for spec in plans.get("layouts", []):
     run("layouts", spec)
-try:
-    div = ex.divergence_frame(plans["divergence"], work / "divergence")
-    extra.append(div.assign(table="weight_divergence"))
-except Exception:
-    traceback.print_exc()
-try:
-    extra.append(ex.numerics_frame(config, device).assign(table="numerics_vs_fp64"))
-except Exception:
-    traceback.print_exc()
+if "divergence" in plans:
+    try:
+        div = ex.divergence_frame(plans["divergence"], work / "divergence")
+        extra.append(div.assign(table="weight_divergence"))
+    except Exception:
+        traceback.print_exc()
+    try:
+        extra.append(ex.numerics_frame(config, device).assign(table="numerics_vs_fp64"))
+    except Exception:
+        traceback.print_exc()
 
 save()
 runs = pd.DataFrame(summaries)

@@ -136,6 +136,23 @@ def test_tma_load_path_matches_pointer_path(kernels):
     torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("s_q, s_kv, causal", [(67, 67, True), (150, 131, False), (20, 70, True)],
+                         ids=["causal", "full", "causal-prefix"])
+def test_wide_query_tiles_match_fp64(kernels, s_q, s_kv, causal):
+    """A query tile eight key tiles tall (the 256 x 32 shape of the Hopper table), GQA, against fp64."""
+    import triton
+
+    gen = torch.Generator().manual_seed(11)
+    dtype = torch.bfloat16 if ON_GPU else torch.float16
+    q = torch.randn(1, 4, s_q, 32, generator=gen).to(DEVICE, dtype)
+    k, v = (torch.randn(1, 2, s_kv, 32, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    cfg = triton.Config({"BLOCK_M": 128, "BLOCK_N": 16, "USE_TMA": False, "PIPELINE_QK": False}, num_warps=4,
+                        num_stages=1)
+    out, lse = kernels.forward(q, k, v, causal=causal, scale=0.2, config=cfg)
+    ref, ref_lse = _reference(q, k, v, causal, 0.2)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 3e-3
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-3, atol=1e-3)
+
 def _reference(q, k, v, causal, scale):
     """fp64 attention with K/V heads repeated over their query-head group and a bottom-right causal mask."""
     group = q.shape[1] // k.shape[1]
