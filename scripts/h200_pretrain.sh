@@ -12,6 +12,7 @@
 # Every run is guarded (an error is a row) and time-boxed (a run past the budget is `truncated`).
 # EXPERIMENTS="divergence lr_sensitivity fp8 layouts" (the default: all four, in that order) picks a subset, so one
 # lease can run them as separate processes. Runs whose speed is compared (layouts) need the GPU to themselves;
+# RUNS="fp8/fp8-rowwise fp8/mxfp8" keeps only those runs of the chosen experiments (default: all of them).
 # SHARED_GPU=<what else ran> records, in every summary row's `gpu_shared_with`, that this process shared the GPU with
 # other training processes, whose tokens/s and MFU are then not the run's own (its losses and weights are).
 # Writes $OUT/pretrain_steps.parquet, $OUT/pretrain_runs.parquet, $OUT/pretrain_divergence.parquet
@@ -24,7 +25,7 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true
 python3 - "$OUT" "$WORK" "${BUDGET_S:-330}" "${STEPS:-2000}" "${EXPERIMENTS:-divergence lr_sensitivity fp8 layouts}" \
-  "${SHARED_GPU:-}" <<'PY'
+  "${SHARED_GPU:-}" "${RUNS:-}" <<'PY'
 import dataclasses, math, sys, time, traceback
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import torch
 
 start = time.monotonic()
 out, work, budget, steps = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-chosen, shared_with = sys.argv[5].split(), sys.argv[6]
+chosen, shared_with, only = sys.argv[5].split(), sys.argv[6], sys.argv[7].split()
 deadline = start + budget
 from attnbench.config import load_config
 from attnbench.train import experiments as ex
@@ -73,6 +74,11 @@ for name, compiled in (("divergence", False), ("lr_sensitivity", False), ("fp8",
     except Exception as err:
         traceback.print_exc()
         summaries.append({"run": name, "experiment": name, "status": "error", "reason": f"plan: {err}"})
+if only:
+    names = [s.name for specs in plans.values() for s in specs]
+    if set(only) - set(names):
+        sys.exit(f"RUNS={' '.join(sorted(set(only) - set(names)))!r} is not allowed; allowed: {', '.join(names)}")
+    plans = {name: [s for s in specs if s.name in only] for name, specs in plans.items()}
 
 
 def save():
