@@ -6,6 +6,7 @@ write its result files with every experiment present, no `error` row and no trac
 """
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -70,3 +71,17 @@ def test_hbm_script_measures_chosen_parts_and_keeps_earlier_rows(tmp_path):
     assert (kept["bytes_read"] == kept["bytes_read_earlier"]).all()
     assert {"decode"} <= set(kept["group"]) and "fa4" in set(kept[kept["group"] == "fwd"]["backend"])
     assert (out / "ledger.parquet").is_file()
+
+
+def test_pretrain_reference_report_renders_the_committed_rows(tmp_path):
+    """The committed GPU-scale report is reproducible from the committed rows, on a CPU host."""
+    rows = ROOT / "results" / "reference" / "h200" / "pretrain"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_reference_report.py"), "--in", str(rows),
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    committed = ROOT / "reports" / "reference" / "h200" / "pretrain" / "tables"
+    for table in committed.glob("*.csv"):
+        assert (tmp_path / "tables" / table.name).read_text() == table.read_text(), table.name
+    missing = subprocess.run([sys.executable, str(ROOT / "scripts" / "pretrain_reference_report.py"), "--in",
+                              str(tmp_path / "none")], cwd=ROOT, capture_output=True, text=True)
+    assert missing.returncode != 0 and "pretrain_runs.parquet is missing" in missing.stderr

@@ -331,8 +331,23 @@ def test_experiment_runs_and_renders_tables_and_figures(tmp_path):
 
     paths = render("divergence", tmp_path / "exp", tmp_path / "report")
     names = {p.name for p in paths}
-    assert {"divergence.md", "divergence.tex", "divergence.csv", "divergence_numerics.md", "divergence.png"} <= names
+    assert {"divergence.md", "divergence.tex", "divergence.csv", "divergence_loss.md", "divergence_numerics.md",
+            "divergence.png"} <= names
     assert "Golden et al. 2024" in (tmp_path / "report" / "tables" / "divergence.md").read_text()
+
+
+def test_loss_divergence_is_the_per_step_gap_to_the_reference():
+    runs = pd.DataFrame({"run": ["ref", "k", "s"], "swap": ["reference", "backend", "seed"],
+                         "variant": ["math", "flash", "seed 1"], "status": ["ok", "ok", "truncated"],
+                         "final_val_loss": [1.5, 1.25, 2.0]})
+    steps = pd.DataFrame({"run": ["ref"] * 3 + ["k"] * 3 + ["s"] * 2, "step": [0, 1, 2, 0, 1, 2, 0, 1],
+                          "loss": [3.0, 2.0, 1.0, 3.0, 2.5, 1.0, 4.0, 2.0]})
+    frame = ex.loss_divergence_frame(runs, steps).set_index("variant")
+    assert frame.loc["flash", "steps_compared"] == 3 and frame.loc["flash", "val_loss_gap"] == -0.25
+    assert frame.loc["flash", "train_loss_gap_max"] == 0.5
+    assert abs(frame.loc["flash", "train_loss_gap_rms"] - (0.25 / 3) ** 0.5) < 1e-12
+    assert frame.loc["seed 1", "steps_compared"] == 2 and frame.loc["seed 1", "train_loss_gap_rms"] == 0.5 ** 0.5
+    assert ex.loss_divergence_frame(runs[runs["swap"] != "reference"], steps).empty
 
 
 def test_cli_train_and_experiment_list(tmp_path, capsys):

@@ -22,7 +22,7 @@ from attnbench.train import experiments as ex  # noqa: E402
 
 DPI = 110
 # Tables each experiment writes (always, so workflow rules can declare them); the figure is <experiment>.png.
-OUTPUTS = {"divergence": ("divergence", "divergence_numerics"), "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity"),
+OUTPUTS = {"divergence": ("divergence", "divergence_loss", "divergence_numerics"), "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity"),
            "fp8": ("fp8", "fp8_scales"), "layouts": ("layouts",)}
 TABLE_FORMATS = ("md", "tex", "csv")
 
@@ -63,11 +63,19 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
     kernel = final.loc[final["swap"] == "backend", "rel_l2"].max() if len(final) else float("nan")
     if len(final) and kernel > 0:  # how many times the largest kernel-swap divergence
         final = final.assign(rel_l2_over_kernel_swap=final["rel_l2"] / kernel)
-    tables = [_table("divergence", "Weight divergence from the reference run at the last snapshot, for runs that "
-                     "differ only in attention backend, only in seed, or only in precision (Golden et al. 2024). "
-                     "rel_l2 = ||a-b||/||a||; wasserstein = W1 of the weight distributions; rel_l2_over_kernel_swap = rel_l2 "
-                     f"over the largest kernel-swap rel_l2. {_device(runs)}.",
-                     final.set_index(["swap", "variant"]).drop(columns=["run"], errors="ignore"))]
+    caption = ("Weight divergence from the reference run at the last snapshot, for runs that differ only in "
+               "attention backend, only in seed, or only in precision (Golden et al. 2024). rel_l2 = ||a-b||/||a||; "
+               "wasserstein = W1 of the weight distributions; rel_l2_over_kernel_swap = rel_l2 over the largest "
+               f"kernel-swap rel_l2. {_device(runs)}.")
+    loss = ex.loss_divergence_frame(runs, steps)
+    tables = [_table("divergence", caption, final.set_index(["swap", "variant"]).drop(columns=["run"], errors="ignore")
+                     if len(final) else _nothing("no weight snapshots to compare")),
+              _table("divergence_loss", "The same swaps seen in the loss: each run's final validation loss, its gap to "
+                     "the reference's, and the RMS and largest per-step difference of the training loss from the "
+                     "reference's over the steps both logged (one batch order, except in the seed swap, whose seed sets both "
+                     "the initial weights and the batch order). A truncated run's final "
+                     "validation loss is its last evaluation, before its learning-rate schedule ended.",
+                     loss.set_index(["swap", "variant"]) if len(loss) else _nothing("no reference run"))]
     keep = [c for c in ("backend", "dtype", "status", "out_rel_err", "out_max_abs", "dq_rel_err", "dk_rel_err",
                         "dv_rel_err", "reason") if c in num]
     shape = num["case"].iloc[0] if len(num) else "none ran"
@@ -75,7 +83,7 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
                          f"attention shape ({shape}); same inputs for every backend.",
                          num[keep].set_index(["backend", "dtype"]) if len(num) else _nothing("no backend ran")))
     if div.empty:
-        return tables, placeholder("Weight divergence", "no snapshots to compare")
+        return tables, _loss_gap_figure(runs, steps)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, metric in zip(axes, ("max_abs", "rel_l2", "wasserstein")):
         data = div[div[metric] > 0]
@@ -89,6 +97,24 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
     fig.tight_layout()
     return tables, fig
 
+
+
+def _loss_gap_figure(runs, steps) -> plt.Figure:
+    """Without weight snapshots: each swap run's per-step |train loss - reference's|, a 50-step rolling mean."""
+    ref = runs.loc[runs["swap"] == "reference", "run"]
+    if ref.empty or steps.empty:
+        return placeholder("Weight divergence", "no snapshots to compare")
+    ref_loss = steps.loc[steps["run"] == ref.iloc[0]].set_index("step")["loss"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for _, run in runs[runs["swap"] != "reference"].iterrows():
+        gap = (steps.loc[steps["run"] == run["run"]].set_index("step")["loss"] - ref_loss).abs().dropna()
+        ax.plot(gap.index, gap.rolling(50, min_periods=1).mean(), label=f"{run['swap']}: {run['variant']}")
+    ax.set_yscale("log")
+    ax.set(xlabel="step", ylabel="|train loss - reference| (50-step mean)")
+    ax.legend(fontsize=8)
+    ax.set_title("Loss divergence from the reference (no weight snapshots in these rows)")
+    fig.tight_layout()
+    return fig
 
 def lr_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     grid, sens = ex.lr_frame(runs)
