@@ -139,7 +139,7 @@ def test_tma_load_path_matches_pointer_path(kernels):
 @pytest.mark.parametrize("s_q, s_kv, causal", [(67, 67, True), (150, 131, False), (20, 70, True)],
                          ids=["causal", "full", "causal-prefix"])
 def test_wide_query_tiles_match_fp64(kernels, s_q, s_kv, causal):
-    """A query tile eight key tiles tall (the 256 x 32 shape of the Hopper table), GQA, against fp64."""
+    """A query tile eight key tiles tall (its causal diagonal spans eight masked key tiles), GQA, against fp64."""
     import triton
 
     gen = torch.Generator().manual_seed(11)

@@ -58,19 +58,20 @@ if INTERPRET:
 else:
     # deeper TMA pipelines (spill-free for sm_90, D128 128x128 x3: 225 of 227 KB shared), then Q K^T issued one tile
     # ahead of the softmax (PIPELINE_QK; TMA only: with pointer loads it sits at 255 registers at D128; ptxas
-    # serialises its wgmma, docs/triton.md, so it is offered for the GPU to time, not expected to win); last, 256-row
-    # query tiles, 128 rows per warpgroup as FA3 uses (half the shared-memory reads of K/V per FLOP of a 64-row
-    # warpgroup tile): D128 256x32 x3 spill-free at 226 registers, 256x64 x2 at 255 with 56 bytes spilled; D64 256x64
-    # x3 spill-free at 206
+    # serialises its wgmma, docs/triton.md, so it is offered for the GPU to time, not expected to win); last, one
+    # warpgroup per program on a 64-row query tile, small enough in registers and shared memory (D128: 139-182
+    # registers, 80-112 KB) that two programs share an SM and, not synchronised with each other, can overlap one's
+    # softmax with the other's matmuls (the overlap one program's two lockstep warpgroups do not get). 256-row query
+    # tiles (128 rows per warpgroup) were timed on the H200 and never kept: not offered
     _FWD_SMALL = [_fwd(128, 64, 4, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
                   _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True),
-                  _fwd(128, 64, 8, 3, tma=True, pipeline_qk=True), _fwd(256, 64, 8, 3, tma=True)]
+                  _fwd(128, 64, 8, 3, tma=True, pipeline_qk=True), _fwd(64, 64, 4, 3), _fwd(64, 128, 4, 3, tma=True)]
     _BWD_SMALL = [_bwd(64, 128, 8, 2), _bwd(64, 128, 8, 3), _bwd(64, 64, 4, 3)]
     FWD = {32: _FWD_SMALL, 64: _FWD_SMALL,
            128: [_fwd(128, 64, 8, 3), _fwd(128, 128, 8, 2), _fwd(128, 64, 8, 3, tma=True),
                  _fwd(128, 128, 8, 2, tma=True), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 4, tma=True),
-                 _fwd(128, 64, 8, 3, tma=True, pipeline_qk=True), _fwd(256, 32, 8, 3, tma=True),
-                 _fwd(256, 64, 8, 2, tma=True)]}
+                 _fwd(128, 64, 8, 3, tma=True, pipeline_qk=True), _fwd(64, 64, 4, 2), _fwd(64, 64, 4, 3),
+                 _fwd(64, 64, 4, 2, tma=True)]}
     BWD = {32: _BWD_SMALL, 64: _BWD_SMALL, 128: [_bwd(64, 64, 8, 2), _bwd(64, 64, 8, 3), _bwd(64, 128, 8, 2)]}
     # the separate dQ path: every config here compiles without spills for sm_90 (docs/triton.md); a 32-row
     # query tile in the dK/dV kernel is fine (its wgmma rows are keys), in _attn_bwd it falls back to HMMA for dQ
@@ -80,7 +81,9 @@ else:
                 128: [_bwd(64, 64, 8, 2), _bwd(64, 64, 8, 3), _bwd(64, 128, 8, 2), _bwd(32, 128, 8, 3)]}
     BWD_DQ = {32: _DQ_SMALL, 64: _DQ_SMALL,
               128: [_bwd(128, 64, 8, 2), _bwd(128, 64, 8, 3), _bwd(128, 32, 8, 4), _bwd(64, 64, 4, 3)]}
-    _FP8 = [_fwd(128, 128, 8, 2), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 3, tma=True)]
+    # the 64-row tiles: two programs per SM (D128: 205-226 registers, 58-108 KB), inside one 128-row scale block
+    _FP8 = [_fwd(128, 128, 8, 2), _fwd(128, 128, 8, 3, tma=True), _fwd(128, 64, 8, 3, tma=True),
+            _fwd(64, 128, 4, 3, tma=True), _fwd(64, 64, 4, 3, tma=True)]
     FP8 = {32: _FP8, 64: _FP8, 128: _FP8}
 
 
