@@ -213,30 +213,37 @@ def divergence_frame(specs: list[RunSpec], out: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "swap", "variant", "step", "max_abs", "rel_l2", "wasserstein"])
 
 
-
-def loss_divergence_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Each swap run's loss against the reference run's: final val-loss gap, RMS and max per-step train-loss gap.
+def loss_gaps(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.Series | None, list[tuple[pd.Series, pd.Series]]]:
+    """The reference run's summary row, and each swap run's (summary row, per-step train loss minus the reference's).
 
     The backend and precision swaps see the reference's batches in the reference's order (the training seed sets
     both the initial weights and the batch order; the seed swap changes both), so their per-step difference of
     training loss isolates what the swap changed, at the resolution of the loss rather than the weights (which
-    :func:`divergence_frame` compares at snapshots).
+    :func:`divergence_frame` compares at snapshots). Steps only one of the two runs logged are left out.
     """
     ref = runs[runs["swap"] == "reference"]
     if ref.empty:
-        return pd.DataFrame()
+        return None, []
     ref_run = ref.iloc[0]
-    ref_loss = steps.loc[steps["run"] == ref_run["run"], ["step", "loss"]].set_index("step")["loss"]
-    rows = []
-    for _, run in runs[runs["swap"] != "reference"].iterrows():
-        loss = steps.loc[steps["run"] == run["run"], ["step", "loss"]].set_index("step")["loss"]
-        gap = (loss - ref_loss).dropna()
-        rows.append({"swap": run["swap"], "variant": run["variant"], "status": run["status"],
-                     "steps_compared": len(gap), "final_val_loss": run["final_val_loss"],
-                     "val_loss_gap": run["final_val_loss"] - ref_run["final_val_loss"],
-                     "train_loss_gap_rms": float((gap ** 2).mean() ** 0.5) if len(gap) else float("nan"),
-                     "train_loss_gap_max": float(gap.abs().max()) if len(gap) else float("nan")})
+
+    def loss(run: pd.Series) -> pd.Series:
+        return steps.loc[steps["run"] == run["run"], ["step", "loss"]].set_index("step")["loss"]
+
+    ref_loss = loss(ref_run)
+    return ref_run, [(run, (loss(run) - ref_loss).dropna()) for _, run in runs[runs["swap"] != "reference"].iterrows()]
+
+
+def loss_divergence_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Each swap run's loss against the reference run's (:func:`loss_gaps`): final val-loss gap, RMS and max
+    per-step train-loss gap."""
+    ref_run, gaps = loss_gaps(runs, steps)
+    rows = [{"swap": run["swap"], "variant": run["variant"], "status": run["status"],
+             "steps_compared": len(gap), "final_val_loss": run["final_val_loss"],
+             "val_loss_gap": run["final_val_loss"] - ref_run["final_val_loss"],
+             "train_loss_gap_rms": float((gap ** 2).mean() ** 0.5) if len(gap) else float("nan"),
+             "train_loss_gap_max": float(gap.abs().max()) if len(gap) else float("nan")} for run, gap in gaps]
     return pd.DataFrame(rows)
+
 
 def numerics_frame(config: dict, device: str) -> pd.DataFrame:
     """Each divergence backend's output and gradient error against fp64 at the model's attention shape."""

@@ -98,16 +98,14 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
     return tables, fig
 
 
-
 def _loss_gap_figure(runs, steps) -> plt.Figure:
     """Without weight snapshots: each swap run's per-step |train loss - reference's|, a 50-step rolling mean."""
-    ref = runs.loc[runs["swap"] == "reference", "run"]
-    if ref.empty or steps.empty:
+    ref_run, gaps = ex.loss_gaps(runs, steps)
+    if ref_run is None or steps.empty:
         return placeholder("Weight divergence", "no snapshots to compare")
-    ref_loss = steps.loc[steps["run"] == ref.iloc[0]].set_index("step")["loss"]
     fig, ax = plt.subplots(figsize=(8, 4))
-    for _, run in runs[runs["swap"] != "reference"].iterrows():
-        gap = (steps.loc[steps["run"] == run["run"]].set_index("step")["loss"] - ref_loss).abs().dropna()
+    for run, gap in gaps:
+        gap = gap.abs()
         ax.plot(gap.index, gap.rolling(50, min_periods=1).mean(), label=f"{run['swap']}: {run['variant']}")
     ax.set_yscale("log")
     ax.set(xlabel="step", ylabel="|train loss - reference| (50-step mean)")
@@ -115,6 +113,7 @@ def _loss_gap_figure(runs, steps) -> plt.Figure:
     ax.set_title("Loss divergence from the reference (no weight snapshots in these rows)")
     fig.tight_layout()
     return fig
+
 
 def lr_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     grid, sens = ex.lr_frame(runs)
