@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 
 from attnbench.bench.case import LAYOUTS
+from attnbench.bench.results import write_atomic
 from attnbench.config import ConfigError
 from attnbench.models.gpt import GPTConfig, count_params, match_params
 from attnbench.train import stability
@@ -187,15 +188,8 @@ def run_experiment(config: dict, name: str, out_dir: str | Path, device: str, *,
         frames["divergence"] = divergence_frame(specs, out)
         frames["numerics"] = numerics_frame(config, device)
     for key, frame in frames.items():
-        _write_parquet(frame, out / f"{key}.parquet")
+        write_atomic(frame, out / f"{key}.parquet")
     return frames
-
-
-def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(path)
 
 
 def divergence_frame(specs: list[RunSpec], out: Path) -> pd.DataFrame:

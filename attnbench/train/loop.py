@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 
 from attnbench.bench.provenance import environment, timestamp
+from attnbench.bench.results import write_atomic
 from attnbench.config import ConfigError
 from attnbench.keys import reject_unknown_keys
 from attnbench.models.gpt import GPT, GPTConfig
@@ -376,9 +377,7 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
             _atomic_save(run.state(updates, rows, counters), ckpt_path)
     frame = pd.DataFrame(rows)
     frame.insert(0, "run", spec.name)
-    tmp = out / "steps.parquet.tmp"
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, out / "steps.parquet")
+    write_atomic(frame, out / "steps.parquet")
     summary = {**base, "backend": run.model_cfg.backend, "status": status, "reason": reason or run.precision_note,
                "emulated": run.emulated, "params": run.params, "flops_per_token": run.flops_per_token,
                "kv_cache_elements_per_token": run.kv_elements, "kv_bytes_per_token_bf16": 2 * run.kv_elements,
