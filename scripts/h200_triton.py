@@ -107,8 +107,7 @@ def compile_task(task: tuple) -> tuple:
         torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         q, k, v, o, do = (torch.randn(1, HEADS, 256, head_dim, device="cuda", dtype=torch_dtype) for _ in range(5))
         scale = head_dim ** -0.5
-        config = {"fwd": tuning.FWD, "bwd": tuning.BWD, "dkdv": tuning.BWD_DKDV, "dq": tuning.BWD_DQ,
-                  "fp8": tuning.FP8}[kind][head_dim][index]
+        config = tuning.TABLES[kind][head_dim][index]
         if kind == "fwd":
             launch.forward(q, k, v, causal=causal, scale=scale, config=config, compile_only=True)
         elif kind in ("bwd", "dkdv", "dq"):  # bwd: the atomic dQ path's kernel; dkdv, dq: the separate path's
@@ -131,11 +130,9 @@ def compile_all(report: list) -> None:
     tasks = []
     for dtype, head_dim in (("bf16", 128), ("bf16", 64), ("fp16", 128), ("fp16", 64)):
         for causal in (False, True):
-            tasks += [("fwd", dtype, head_dim, causal, i) for i in range(len(tuning.FWD[head_dim]))]
-            for kind, table in (("bwd", tuning.BWD), ("dkdv", tuning.BWD_DKDV), ("dq", tuning.BWD_DQ)):
-                tasks += [(kind, dtype, head_dim, causal, i) for i in range(len(table[head_dim]))]
-            if dtype == "bf16":
-                tasks += [("fp8", dtype, head_dim, causal, i) for i in range(len(tuning.FP8[head_dim]))]
+            for kind, table in tuning.TABLES.items():
+                if kind != "fp8" or dtype == "bf16":  # the grid times the fp8 forward in bf16 only
+                    tasks += [(kind, dtype, head_dim, causal, i) for i in range(len(table[head_dim]))]
     workers = max(1, min(len(tasks), (os.cpu_count() or 2) - 1))
     start = time.time()
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))

@@ -160,20 +160,16 @@ def compile_row(kind: str, head_dim: int, config, arch: int = 90, causal: bool =
     return row
 
 
-# kind: the autotuning table of each kernel variant (bwd: the atomic path; dkdv, dq: the separate path's two kernels)
-TABLES = {"fwd": tuning.FWD, "bwd": tuning.BWD, "dkdv": tuning.BWD_DKDV, "dq": tuning.BWD_DQ, "fp8": tuning.FP8}
-
-
-def report(kinds=tuple(TABLES), arch: int = 90) -> list[dict]:
+def report(kinds=tuple(tuning.TABLES), arch: int = 90) -> list[dict]:
     """One row per (kernel, head dim, config) of the autotuning tables, causal variants."""
     return [compile_row(kind, head_dim, config, arch) for kind in kinds for head_dim in (64, 128)
-            for config in TABLES[kind][head_dim]]
+            for config in tuning.TABLES[kind][head_dim]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
-    parser.add_argument("--kinds", nargs="+", default=list(TABLES), choices=list(TABLES))
+    parser.add_argument("--kinds", nargs="+", default=list(tuning.TABLES), choices=list(tuning.TABLES))
     args = parser.parse_args()
     print(f"triton {triton.__version__}, sm_{args.arch}, causal, MHA H{HEADS} S{SEQ}, bf16 (fp8: e4m3)")
     for row in report(args.kinds, args.arch):

@@ -131,3 +131,7 @@ def pruner(table: dict):
             raise ValueError(f"no kernel config fits HEAD_DIM={head_dim}, SCALE_ROWS={scale_rows}")
         return mine
     return prune
+
+# Each kernel variant's autotuning table by kind (bwd: the atomic dQ path's kernel; dkdv, dq: the separate path's
+# two kernels), for the tools that walk every config (the sm_90 compiler report, the GPU script's precompilation)
+TABLES = {"fwd": FWD, "bwd": BWD, "dkdv": BWD_DKDV, "dq": BWD_DQ, "fp8": FP8}
