@@ -19,6 +19,7 @@ import torch
 from attnbench.bench import conventions
 from attnbench.bench.case import Case
 from attnbench.bench.ceilings import Ceilings
+from attnbench.bench.failures import classify
 from attnbench.bench.inputs import make_tensors
 from attnbench.bench.numerics import Baselines, baselines, check_numerics
 from attnbench.bench.provenance import environment, kernel_names, sm_clock_mhz, timestamp
@@ -54,13 +55,6 @@ def base_row(case: Case, backend: Backend, device: str, ceilings: Ceilings | Non
         row["peak_flops"] = ceilings.peak_flops(case.dtype)
         row["peak_bytes_per_s"] = ceilings.copy_bytes_per_s
     return row
-
-
-def _one_line(err: BaseException, caught: list | None = None) -> str:
-    text = f"{type(err).__name__}: {err}".strip().replace("\n", " ")
-    if caught:
-        text += " | " + " | ".join(str(w.message).replace("\n", " ") for w in caught)
-    return text[:800]
 
 
 def _case_seed(case: Case, base: int) -> int:
@@ -106,15 +100,9 @@ class _Job:
             warnings.simplefilter("always")
             try:
                 self._measure(case, backend, tensors, row)
-            except torch.OutOfMemoryError as err:
-                row.update(status="oom", reason=_one_line(err)[:300])
-            except NotImplementedError as err:
-                row.update(status="unsupported", reason=_one_line(err))
-            except RuntimeError as err:  # SDPA's pinned kernel refusing a case says so, with reasons as warnings
-                unsupported = "No available kernel" in str(err)
-                row.update(status="unsupported" if unsupported else "error", reason=_one_line(err, caught))
             except Exception as err:
-                row.update(status="error", reason=_one_line(err))
+                status, reason = classify(err, caught)
+                row.update(status=status, reason=reason)
         if row["status"] != "ok" and device == "cuda":
             torch.cuda.empty_cache()
         return row
@@ -221,7 +209,7 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
             started = time.perf_counter()
             job.phases = {}
             if tensors is None:
-                row = {**job.base_row(case, backend), "status": "oom", "reason": _one_line(input_error)[:300]}
+                row = {**job.base_row(case, backend), "status": "oom", "reason": classify(input_error)[1]}
             else:
                 row = job.measure(case, backend, tensors)
             rows.append(row)

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 
 from attnbench.bench.case import Case
+from attnbench.bench.failures import classify
 from attnbench.bench.inputs import make_tensors
 from attnbench.hbm.ncu import RANGE, range_tag
 from attnbench.kernels.registry import Backend, get_backend, safe_available
@@ -55,13 +56,6 @@ def profiled(tag: str, device: str):
         torch.cuda.profiler.stop()
 
 
-def _one_line(err: BaseException, caught=()) -> str:
-    text = f"{type(err).__name__}: {err}".replace("\n", " ")
-    if caught:
-        text += " | " + " | ".join(str(w.message).replace("\n", " ") for w in caught)
-    return text[:800]
-
-
 def profile_one(case: Case, backend: Backend, tensors, device: str, warmup_calls: int) -> tuple[str, str]:
     """Build, warm up and run one profiled call; (status, reason) with the harness's status words."""
     ok, reason = safe_available(backend)
@@ -81,15 +75,8 @@ def profile_one(case: Case, backend: Backend, tensors, device: str, warmup_calls
             with profiled(range_tag(case.case_id, backend.name), device):
                 fn()
             return "ok", ""
-        except torch.OutOfMemoryError as err:
-            return "oom", _one_line(err)[:300]
-        except NotImplementedError as err:
-            return "unsupported", _one_line(err)
-        except RuntimeError as err:  # SDPA's pinned kernel refusing a case says so, with reasons as warnings
-            status = "unsupported" if "No available kernel" in str(err) else "error"
-            return status, _one_line(err, caught)
         except Exception as err:
-            return "error", _one_line(err)
+            return classify(err, caught)
 
 
 def run_plan(plan: dict, emit: Callable[..., None]) -> None:
@@ -101,7 +88,7 @@ def run_plan(plan: dict, emit: Callable[..., None]) -> None:
             tensors = make_tensors(case, device, seed=case_seed(case, plan["seed"]))
             input_error = ""
         except torch.OutOfMemoryError as err:
-            tensors, input_error = None, _one_line(err)[:300]
+            tensors, input_error = None, classify(err)[1]
         for name in entry["backends"]:
             emit(event="start", case_id=case.case_id, backend=name)
             if tensors is None:
