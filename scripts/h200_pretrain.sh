@@ -142,7 +142,7 @@ for spec in plans.get("layouts", []):
     run("layouts", spec)
 if "divergence" in plans:
     try:
-        div = ex.divergence_frame(plans["divergence"], work / "divergence")
+        div = ex.divergence_frame(plans["divergence"], work / "divergence", device)
         extra.append(div.assign(table="weight_divergence"))
         save()
     except Exception:

@@ -26,6 +26,7 @@ import dataclasses
 import math
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ import pandas as pd
 import torch
 
 from attnbench.bench.case import LAYOUTS
+from attnbench.bench.failures import classify
 from attnbench.bench.results import write_atomic
 from attnbench.config import ConfigError
 from attnbench.models.gpt import GPTConfig, count_params, match_params
@@ -185,15 +187,15 @@ def run_experiment(config: dict, name: str, out_dir: str | Path, device: str, *,
     frames = {"runs": pd.DataFrame(summaries),
               "steps": pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()}
     if name == "divergence":
-        frames["divergence"] = divergence_frame(specs, out)
+        frames["divergence"] = divergence_frame(specs, out, device)
         frames["numerics"] = numerics_frame(config, device)
     for key, frame in frames.items():
         write_atomic(frame, out / f"{key}.parquet")
     return frames
 
 
-def divergence_frame(specs: list[RunSpec], out: Path) -> pd.DataFrame:
-    """Weight divergence of every swap run to the reference at each snapshot both runs saved."""
+def divergence_frame(specs: list[RunSpec], out: Path, device: str = "cpu") -> pd.DataFrame:
+    """Weight divergence of every swap run to the reference at each snapshot both runs saved (computed on ``device``)."""
     ref = specs[0]
     rows = []
     for spec in specs[1:]:
@@ -201,7 +203,7 @@ def divergence_frame(specs: list[RunSpec], out: Path) -> pd.DataFrame:
             a, b = (run_dir(out, s) / "snapshots" / f"{step}.pt" for s in (ref, spec))
             if not (a.is_file() and b.is_file()):
                 continue
-            div = stability.weight_divergence(torch.load(a, weights_only=True), torch.load(b, weights_only=True))
+            div = stability.weight_divergence(torch.load(a, weights_only=True), torch.load(b, weights_only=True), device)
             rows.append({"run": spec.name, "swap": spec.tags["swap"], "variant": spec.tags["variant"],
                          "step": step, **div})
     return pd.DataFrame(rows, columns=["run", "swap", "variant", "step", "max_abs", "rel_l2", "wasserstein"])
@@ -259,12 +261,15 @@ def numerics_frame(config: dict, device: str) -> pd.DataFrame:
         for name in backends:
             backend = get_backend(name)
             row = {"backend": name, "dtype": case.dtype, "case": case.label()}
-            try:
-                res = check_numerics(case, lambda q, k, v: backend.attention(q, k, v, causal=True, scale=case.scale),
-                                     device, ref.train.seed, base)
-            except Exception as err:  # a backend that cannot run this case is a row with the reason
-                rows.append({**row, "status": "error", "reason": f"{type(err).__name__}: {str(err).splitlines()[0]}"})
-                continue
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    res = check_numerics(case, lambda q, k, v: backend.attention(q, k, v, causal=True, scale=case.scale),
+                                         device, ref.train.seed, base)
+                except Exception as err:  # a backend that cannot run this case is a row with the reason
+                    status, reason = classify(err, caught)
+                    rows.append({**row, "status": status, "reason": reason})
+                    continue
             row.update({"status": "ok", "reason": "", "out_rel_err": res.out.rel_err, "out_max_abs": res.out.max_abs_err})
             for g, e in zip(("dq", "dk", "dv"), res.grads or ()):
                 row.update({f"{g}_rel_err": e.rel_err, f"{g}_max_abs": e.max_abs_err})

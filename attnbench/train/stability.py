@@ -94,11 +94,15 @@ def wasserstein_1(a: torch.Tensor, b: torch.Tensor) -> float:
     Villani 2009, Remark 2.19), where F are the empirical CDFs. Both CDFs are step
     functions that only change at the pooled sorted values x_(1) <= ... <= x_(n+m),
     so the integral is the finite sum over i of |F_P(x_(i)) - F_Q(x_(i))| (x_(i+1) - x_(i)).
-    For equal sizes it equals mean |sort(a) - sort(b)|.
+    For equal sizes it equals mean |sort(a) - sort(b)| (the monotone coupling; Villani 2009,
+    Remark 2.19), which is what two snapshots of one model take: two sorts instead of a pooled
+    sort and two searches (seconds instead of minutes at 10M weights on a CPU).
     """
     a = a.detach().flatten().double()
     b = b.detach().flatten().to(a.device, torch.float64)
     a_sorted, b_sorted = a.sort().values, b.sort().values
+    if a.numel() == b.numel():
+        return float((a_sorted - b_sorted).abs().mean())
     pooled = torch.cat((a_sorted, b_sorted)).sort().values
     gaps = pooled.diff()  # (n + m - 1,)
     at = pooled[:-1]
@@ -112,11 +116,13 @@ def flat_weights(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([state[k].detach().float().flatten() for k in sorted(state) if state[k].is_floating_point()])
 
 
-def weight_divergence(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, float]:
-    """max_abs, rel_l2 (||a - b|| / ||a||) and wasserstein between two runs' weights (same architecture)."""
+def weight_divergence(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
+                      device: str | torch.device = "cpu") -> dict[str, float]:
+    """max_abs, rel_l2 (||a - b|| / ||a||) and wasserstein between two runs' weights (same architecture),
+    computed on ``device`` (a GPU sorts the 10M-weight vectors in milliseconds)."""
     if sorted(a) != sorted(b):
         raise ValueError("weight_divergence: the two state dicts hold different parameters")
-    wa, wb = flat_weights(a), flat_weights(b)
+    wa, wb = flat_weights(a).to(device), flat_weights(b).to(device)
     diff = (wa.double() - wb.double())
     norm = wa.double().norm().item()
     return {"max_abs": diff.abs().max().item(), "rel_l2": diff.norm().item() / norm if norm else math.nan,
