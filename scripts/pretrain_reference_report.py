@@ -39,7 +39,9 @@ def split(rows: Path, work: Path) -> list[str]:
         steps[steps["experiment"] == name].to_parquet(folder / "steps.parquet", index=False)
         if name == "divergence":
             for table, file in DIVERGENCE_TABLES.items():
-                extra[extra["table"] == table].drop(columns="table").to_parquet(folder / file, index=False)
+                # one file holds both tables: a column only the other table has is all empty here
+                rows = extra[extra["table"] == table].drop(columns="table").dropna(axis=1, how="all")
+                rows.to_parquet(folder / file, index=False)
     return names
 
 

@@ -78,9 +78,10 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
                      loss.set_index(["swap", "variant"]) if len(loss) else _nothing("no reference run"))]
     keep = [c for c in ("backend", "dtype", "status", "out_rel_err", "out_max_abs", "dq_rel_err", "dk_rel_err",
                         "dv_rel_err", "reason") if c in num]
-    shape = num["case"].iloc[0] if len(num) else "none ran"
+    dtypes = set(num["dtype"]) if len(num) else set()
+    shape = " ".join(word for word in num["case"].iloc[0].split() if word not in dtypes) if len(num) else "none ran"
     tables.append(_table("divergence_numerics", "Attention output and gradient error against fp64 at the model's "
-                         f"attention shape ({shape}); same inputs for every backend.",
+                         f"attention shape ({shape}), in each precision the runs used; same inputs for every backend.",
                          num[keep].set_index(["backend", "dtype"]) if len(num) else _nothing("no backend ran")))
     if div.empty:
         return tables, _loss_gap_figure(runs, steps)
@@ -91,6 +92,11 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
             sns.lineplot(data=data, x="step", y=metric, hue="variant", style="swap", marker="o", ax=ax)
         ax.set_yscale("log")
         ax.set_title(metric)
+        if ax.get_legend() is not None:  # one legend, beside the last panel, covering no data
+            if ax is axes[-1]:
+                sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1))
+            else:
+                ax.get_legend().remove()
     zero = sorted(set(div["variant"]) - set(div.loc[div[["max_abs", "rel_l2"]].gt(0).any(axis=1), "variant"]))
     note = f" (bitwise identical to the reference, not drawn on log axes: {', '.join(zero)})" if zero else ""
     fig.suptitle("Weight divergence from the reference: kernel vs seed vs precision swap" + note)
