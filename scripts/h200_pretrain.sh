@@ -36,6 +36,7 @@ start = time.monotonic()
 out, work, budget, steps = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 chosen, shared_with, only = sys.argv[5].split(), sys.argv[6], sys.argv[7].split()
 deadline = start + budget
+from attnbench.bench.failures import first_line
 from attnbench.config import load_config
 from attnbench.train import experiments as ex
 from attnbench.train.loop import train
@@ -126,7 +127,7 @@ def run(name, spec):
     except Exception as err:
         traceback.print_exc()
         summaries.append({"run": spec.name, **spec.tags, "status": "error",
-                          "reason": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"})
+                          "reason": first_line(err)})
     save()
 
 

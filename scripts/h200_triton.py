@@ -47,6 +47,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.bench.failures import one_line
+
 TOKENS, HEADS = 16384, 16
 SEQS = [4096, 8192, 16384, 1024]  # the targets are about S >= 4096: those first
 BASELINES = ["fa4", "sdpa-cudnn", "sdpa-flash"]
@@ -73,10 +75,6 @@ def case_of(part: str, dtype: str, head_dim: int, seq: int, causal: bool, batch:
     return Case(mode="fwd_bwd" if part == "fwd_bwd" else "fwd", layout="mha", batch=batch or TOKENS // seq,
                 heads_q=HEADS, heads_kv=HEADS, head_dim_qk=head_dim, head_dim_v=head_dim, seq_q=seq, seq_kv=seq,
                 causal=causal, dtype=dtype)
-
-
-def one_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {err}".replace("\n", " ")[:400]
 
 
 def backend_of(name: str):

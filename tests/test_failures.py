@@ -3,7 +3,7 @@ import warnings
 
 import torch
 
-from attnbench.bench.failures import OOM_REASON_CHARS, classify
+from attnbench.bench.failures import OOM_REASON_CHARS, classify, first_line
 
 
 def test_sdpa_refusal_is_unsupported_with_its_reasons():
@@ -20,3 +20,8 @@ def test_other_failures():
     status, reason = classify(torch.OutOfMemoryError("CUDA out of memory. " + "x" * 1000))
     assert status == "oom" and len(reason) == OOM_REASON_CHARS
     assert classify(ValueError("bad\nshape")) == ("error", "ValueError: bad shape")
+
+
+def test_first_line_keeps_the_type_and_the_first_line_only():
+    assert first_line(RuntimeError("torchao 0.18 needs a nightly\n  traceback ...")) == "RuntimeError: torchao 0.18 needs a nightly"
+    assert first_line(KeyError()) == "KeyError: "

@@ -20,6 +20,11 @@ def one_line(err: BaseException, caught=()) -> str:
     return text[:REASON_CHARS]
 
 
+def first_line(err: BaseException) -> str:
+    """``Type: first line of the message``: for a reason that stands in a sentence or a table cell."""
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+
+
 def classify(err: BaseException, caught=()) -> tuple[str, str]:
     """(status, reason) for an exception raised while building or running one backend on one case."""
     if isinstance(err, torch.OutOfMemoryError):

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from attnbench.bench.failures import classify
 from attnbench.bench.microbench import RunOptions, run_group
 from attnbench.bench.provenance import environment, timestamp
 from attnbench.bench.timing import time_callable
@@ -88,7 +89,7 @@ def rope_overhead(lengths: list[int], *, heads_q: int, heads_kv: int, head_dim: 
                 row["rotate_ms"] = time_callable(lambda: (apply_rope(q, cos, sin), apply_rope(k, cos, sin)), device,
                                                  cpu_min_run_time_s=min_run_time_s).median * 1e3
             except torch.OutOfMemoryError as err:
-                row.update(status="oom", reason=str(err).splitlines()[0][:300])
+                row.update(status="oom", reason=classify(err)[1])
             rows.append(row)
         del q, k
     return rows

@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from attnbench.bench.failures import classify
 from attnbench.bench.provenance import environment, timestamp
 from attnbench.config import ConfigError
 from attnbench.context import passkey
@@ -244,7 +245,7 @@ def _score_variant(model: GPT, variant: Variant, spec: dict, data: TokenData, de
                 rows.append({**base, "eval": "passkey", "n_docs": r.n, "accuracy": r.accuracy,
                              "digit_accuracy": r.digit_accuracy, "eval_s": time.perf_counter() - start})
         except torch.OutOfMemoryError as err:
-            rows.append({**base, "eval": "sliding", "status": "oom", "reason": str(err).splitlines()[0][:300]})
+            rows.append({**base, "eval": "sliding", "status": "oom", "reason": classify(err)[1]})
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows

@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from attnbench.bench.case import LAYOUTS
-from attnbench.bench.failures import classify
+from attnbench.bench.failures import classify, first_line
 from attnbench.bench.results import write_atomic
 from attnbench.config import ConfigError
 from attnbench.models.gpt import GPTConfig, count_params, match_params
@@ -179,7 +179,7 @@ def run_experiment(config: dict, name: str, out_dir: str | Path, device: str, *,
         except Exception as err:  # one failing run (OOM, a compile error) is a row, not the end of the sweep
             traceback.print_exc()
             summary = {"run": spec.name, **spec.tags, "status": "error",
-                       "reason": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"}
+                       "reason": first_line(err)}
         summaries.append(summary)
         path = run_dir(out, spec) / "steps.parquet"
         if path.is_file():

@@ -54,6 +54,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnbench.bench.failures import first_line
+
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-rowwise", "mxfp8")
 STATS_RECIPES = ("tensorwise", "rowwise", "mxfp8", "mxfp8-floor")
 TENSOR_KINDS = ("act", "weight", "grad")
@@ -163,14 +165,11 @@ def apply_precision(model: nn.Module, precision: Precision, device: str) -> tupl
         convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear_filter)
     except Exception as err:  # an API this torchao lacks, or a device it refuses
         raise PrecisionUnavailable(f"{precision.name}: torchao {version} failed to convert the model: "
-                                   f"{_first_line(err)}") from None
+                                   f"{first_line(err)}") from None
     _smoke_test(model, precision, device, f"torchao {version}")
     note = f"torchao {version}" + (", emulated: numerics only, no speed claimed" if emulated else "")
     return emulated, note
 
-
-def _first_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
 
 
 def _smoke_test(model: nn.Module, precision: Precision, device: str, who: str) -> None:
@@ -181,7 +180,7 @@ def _smoke_test(model: nn.Module, precision: Precision, device: str, who: str) -
             out = model(idx)
         out.float().mean().backward()
     except Exception as err:
-        raise PrecisionUnavailable(f"{precision.name}: {who} cannot train this model here: {_first_line(err)}") from None
+        raise PrecisionUnavailable(f"{precision.name}: {who} cannot train this model here: {first_line(err)}") from None
     finally:
         model.zero_grad(set_to_none=True)
 
@@ -218,7 +217,7 @@ def _torchao_mxfp8_refusal(model: nn.Module, precision: Precision, device: str) 
     try:
         _convert_mxfp8(trial)
     except Exception as err:  # an API this torchao lacks, or a torch it refuses
-        return f"torchao {version} failed to convert the model: {_first_line(err)}"
+        return f"torchao {version} failed to convert the model: {first_line(err)}"
     try:
         _smoke_test(trial, precision, device, f"torchao {version}")
     except PrecisionUnavailable as err:

@@ -29,6 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from attnbench.bench.failures import first_line
 from attnbench.kernels.triton import backward, forward, tuning
 from attnbench.kernels.triton.fp8 import BLOCK_ROWS
 from attnbench.kernels.triton.sass import OPCODES, opcode_counts
@@ -151,7 +152,7 @@ def compile_row(kind: str, head_dim: int, config, arch: int = 90, causal: bool =
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                   options={"num_warps": config.num_warps, "num_stages": config.num_stages})
     except Exception as err:  # a config that does not compile is itself a finding
-        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        row["error"] = first_line(err)[:200]
         return row
     row.update(resources(compiled.asm["cubin"]), shared_bytes=compiled.metadata.shared,
                wgmma_serialized=wgmma_serialized(compiled.asm["ptx"], arch))
