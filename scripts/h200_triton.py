@@ -20,7 +20,8 @@ within a deadline (BUDGET_S, default 225 s; cases not started in time are ``skip
    then 64, S 4k/8k/16k/1k with B*S = 16k tokens, 16 heads, causal and not; the fp8 forward
    at the same shapes. In forward+backward, ``triton`` (the dQ path timed per shape by the
    launcher) is joined by ``triton-dq-atomic`` and ``triton-dq-separate``, the backward's two
-   dQ paths pinned, side by side. The forward's autotuning space holds both key loops (the plain one and
+   dQ paths pinned, side by side, and after the baselines by ``triton-last``, the launcher's path timed
+   again (its ratio to ``triton`` is how far a median moves between two timings). The forward's autotuning space holds both key loops (the plain one and
    ``PIPELINE_QK``, Q K^T one tile ahead of the softmax); the one kept per shape is recorded
    (``fwd_pipeline_qk``, ``fwd_config``). FLOPs from ``attnbench.bench.conventions.flops``;
 4. the compiler's report on the kernels of the S=4096 bf16 cases (registers, spills, shared
@@ -57,6 +58,10 @@ CHECK = dict(batch=2, seq=1024)  # the correctness shape: same kernel specialisa
 KERNELS = {"fwd": ["_attn_fwd"], "fp8": ["_attn_fwd_fp8"],  # what one call of each part launches; the backward
            "fwd_bwd": ["_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd", "_attn_bwd_dkdv", "_attn_bwd_dq"]}  # one path
 DQ_VARIANTS = ["triton-dq-atomic", "triton-dq-separate"]  # fwd_bwd rows with the backward's dQ path pinned
+# fwd_bwd: the launcher's own path timed again, after the baselines. At D64 S 1024, runs 2 and 3 timed `triton` and
+# the pinned path it had chosen (the same kernels) up to 1.5x apart, either way; this row measures how far one
+# backend's median moves within one process between two timings of the same case
+ORDER_PROBE = "triton-last"
 START = time.time()
 DEADLINE = START + float(os.environ.get("BUDGET_S", 225))
 
@@ -78,15 +83,18 @@ def case_of(part: str, dtype: str, head_dim: int, seq: int, causal: bool, batch:
 
 
 def backend_of(name: str):
-    """A registered backend, or for ``triton-dq-<mode>`` the triton backend with that dQ path pinned."""
+    """A registered backend; for ``triton-dq-<mode>`` the triton backend with that dQ path pinned, and for
+    ``ORDER_PROBE`` the triton backend under another name."""
     from attnbench.kernels import get_backend
 
-    if name not in DQ_VARIANTS:
+    if name not in (*DQ_VARIANTS, ORDER_PROBE):
         return get_backend(name)
     from attnbench.kernels.triton.backend import TritonFlash
 
     variant = TritonFlash()
-    variant.name, variant.dq_mode = name, name.removeprefix("triton-dq-")
+    variant.name = name
+    if name in DQ_VARIANTS:
+        variant.dq_mode = name.removeprefix("triton-dq-")
     return variant
 
 
@@ -223,7 +231,7 @@ def time_part(rows: list, reports: list, part: str, dtype: str, head_dim: int, c
     from attnbench.kernels import safe_available
 
     names = {"fp8": ["triton-fp8"], "fwd": ["triton", *BASELINES],
-             "fwd_bwd": ["triton", *DQ_VARIANTS, *BASELINES]}[part]
+             "fwd_bwd": ["triton", *DQ_VARIANTS, *BASELINES, ORDER_PROBE]}[part]
     for seq in SEQS:
         for causal in (False, True):
             case = case_of(part, dtype, head_dim, seq, causal)
@@ -252,7 +260,7 @@ def time_part(rows: list, reports: list, part: str, dtype: str, head_dim: int, c
                     row["setup_s"] = time.time() - start
                     ms = do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
                     row.update(status="ok", ms=ms, tflops=row["flops"] / (ms * 1e-3) / 1e12)
-                    if name.startswith("triton"):
+                    if name.startswith("triton") and name != ORDER_PROBE:
                         try:
                             describe(row, reports, backend, case, tensors, part, ceilings)
                         except Exception as err:  # the timing stands; say what the extras could not measure
@@ -321,6 +329,8 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
             wide[f"triton/{base}"] = wide["triton"] / wide[base]
     if all(name in wide for name in DQ_VARIANTS):  # fwd_bwd: the separate dQ path against the atomic one
         wide["dq separate/atomic"] = wide["triton-dq-separate"] / wide["triton-dq-atomic"]
+    if ORDER_PROBE in wide and "triton" in wide:  # 1.0 unless the order of timing moves the launcher's row
+        wide[f"{ORDER_PROBE}/triton"] = wide[ORDER_PROBE] / wide["triton"]
     fp8 = wide[wide.part == "fp8"].set_index(key)["triton-fp8"] if "triton-fp8" in wide else pd.Series(dtype=float)
     bf16 = wide[wide.part == "fwd"].set_index(key)["triton"] if "triton" in wide else pd.Series(dtype=float)
     if len(fp8):
