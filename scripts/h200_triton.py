@@ -403,6 +403,7 @@ def gpu_tests(timeout: float, out: Path) -> str:
     return (f"gpu tests (tests/test_triton.py -m gpu): {counts['PASSED']} passed, {counts['FAILED']} failed, "
             f"{counts['ERROR']} errors, {counts['SKIPPED']} skipped{cut}" + (f"; failing: {', '.join(failed)}" if failed else ""))
 
+
 def main() -> None:
     import torch
 

@@ -40,8 +40,8 @@ def split(rows: Path, work: Path) -> list[str]:
         if name == "divergence":
             for table, file in DIVERGENCE_TABLES.items():
                 # one file holds both tables: a column only the other table has is all empty here
-                rows = extra[extra["table"] == table].drop(columns="table").dropna(axis=1, how="all")
-                rows.to_parquet(folder / file, index=False)
+                own = extra[extra["table"] == table].drop(columns="table").dropna(axis=1, how="all")
+                own.to_parquet(folder / file, index=False)
     return names
 
 

@@ -40,7 +40,6 @@ def test_pretrain_script_writes_every_experiment(tmp_path):
     assert len(pd.read_parquet(out / "pretrain_steps.parquet")) > 0
 
 
-
 def test_pretrain_script_runs_a_subset_and_records_a_shared_gpu(tmp_path):
     out = run_script("h200_pretrain.sh", tmp_path, BUDGET_S=120, STEPS=4, EXPERIMENTS="layouts",
                      SHARED_GPU="divergence")
@@ -48,6 +47,7 @@ def test_pretrain_script_runs_a_subset_and_records_a_shared_gpu(tmp_path):
     assert set(runs["experiment"]) == {"layouts"} and (runs["status"] == "ok").all()
     assert (runs["gpu_shared_with"] == "divergence").all()
     assert not (out / "pretrain_divergence.parquet").exists()
+
 
 def test_context_script_writes_cost_and_capability(tmp_path):
     out = run_script("h200_context.sh", tmp_path, BUDGET_S=240, COST_S=90, STEPS=4)

@@ -153,6 +153,7 @@ def test_wide_query_tiles_match_fp64(kernels, s_q, s_kv, causal):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 3e-3
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-3, atol=1e-3)
 
+
 def _reference(q, k, v, causal, scale):
     """fp64 attention with K/V heads repeated over their query-head group and a bottom-right causal mask."""
     group = q.shape[1] // k.shape[1]

@@ -171,7 +171,6 @@ def apply_precision(model: nn.Module, precision: Precision, device: str) -> tupl
     return emulated, note
 
 
-
 def _smoke_test(model: nn.Module, precision: Precision, device: str, who: str) -> None:
     """One forward and backward of the converted model (32 tokens: an MX block) before any step counts."""
     idx = torch.zeros(1, 32, dtype=torch.long, device=device)

@@ -122,9 +122,9 @@ def weight_divergence(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
     computed on ``device`` (a GPU sorts the 10M-weight vectors in milliseconds)."""
     if sorted(a) != sorted(b):
         raise ValueError("weight_divergence: the two state dicts hold different parameters")
-    wa, wb = flat_weights(a).to(device), flat_weights(b).to(device)
-    diff = (wa.double() - wb.double())
-    norm = wa.double().norm().item()
+    wa, wb = (flat_weights(state).to(device, torch.float64) for state in (a, b))
+    diff = wa - wb
+    norm = wa.norm().item()
     return {"max_abs": diff.abs().max().item(), "rel_l2": diff.norm().item() / norm if norm else math.nan,
             "wasserstein": wasserstein_1(wa, wb)}
 

@@ -123,14 +123,13 @@ def pruner(table: dict):
         mine = [c for c in configs if any(c is t for t in table[head_dim])]
         if any(c.kwargs.get("USE_TMA") for c in mine) and not _tma_ok(named_args):
             mine = [c for c in mine if not c.kwargs.get("USE_TMA")]
-        if kwargs.get("FP8"):  # the pipelined Q K^T loop is a bf16/fp16 variant
-            mine = [c for c in mine if not c.kwargs.get("PIPELINE_QK")]
         if scale_rows:  # an fp8 tile must lie inside one scale block
             mine = [c for c in mine if scale_rows % c.kwargs["BLOCK_M"] == 0 and scale_rows % c.kwargs["BLOCK_N"] == 0]
         if not mine:
             raise ValueError(f"no kernel config fits HEAD_DIM={head_dim}, SCALE_ROWS={scale_rows}")
         return mine
     return prune
+
 
 # Each kernel variant's autotuning table by kind (bwd: the atomic dQ path's kernel; dkdv, dq: the separate path's
 # two kernels), for the tools that walk every config (the sm_90 compiler report, the GPU script's precompilation)
