@@ -419,7 +419,7 @@ def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | N
     logit_cols = [c for c in frame.columns if c.startswith("max_logit_l")]
     out = {
         "steps_done": n,
-        "final_loss": float(np.nanmean(loss[-max(1, n // 10):])) if n else math.nan,
+        "final_loss": float(frame["loss"].iloc[-max(1, n // 10):].mean()),  # NaN when every step is non-finite
         "final_val_loss": float(val.iloc[-1]) if len(val) else math.nan,
         "best_val_loss": float(val.min()) if len(val) else math.nan,
         "spike_window": window, "spike_sigma": stability.SPIKE_SIGMA,
