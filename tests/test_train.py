@@ -3,6 +3,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -119,13 +120,8 @@ def test_low_precision_runs_train(tmp_path, precision):
     assert steps["loss_scale"].notna().all() == (precision == "fp16")
 
 
-def test_fp8_without_torchao_is_an_unavailable_row(tmp_path):
-    pytest.importorskip("torch")
-    try:
-        import torchao  # noqa: F401
-        pytest.skip("torchao is installed here")
-    except ImportError:
-        pass
+def test_fp8_without_torchao_is_an_unavailable_row(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # `import torchao` raises ImportError, installed or not
     summary = train(_spec(precision="fp8-rowwise"), tmp_path, "cpu")
     assert summary["status"] == "unavailable" and "torchao" in summary["reason"]
 
