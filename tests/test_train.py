@@ -17,7 +17,7 @@ from attnbench.data import CORPORA
 from attnbench.models.gpt import GPTConfig, count_params
 from attnbench.train import experiments as ex
 from attnbench.train.data import DataConfig, SyntheticConfig, load_tokens
-from attnbench.train.loop import RunSpec, TrainConfig, lr_at, train
+from attnbench.train.loop import RunSpec, TrainConfig, lr_at, speed_stats, train
 from attnbench.train.precision import (FORMATS, Fp8StatsRecorder, MXFP8EmulatedLinear, fp8_tensor_stats,
                                        get_precision, mx_quantize)
 
@@ -90,6 +90,12 @@ def test_run_writes_step_log_and_summary(tmp_path):
     assert not (tmp_path / "ckpt.pt").exists()
     assert train(_spec(fp8_stats=("tensorwise",), fp8_stats_every=4, snapshot_steps=(0, 12)), tmp_path, "cpu") == \
         json.loads((tmp_path / "summary.json").read_text())  # a finished run is not run again
+
+
+def test_speed_is_the_median_and_iqr_after_the_first_tenth_of_steps():
+    steps = pd.DataFrame({"tokens_per_s": [1.0] * 2 + [float(v) for v in range(1, 19)]})  # 20 steps, 2 left out
+    assert speed_stats(steps) == {"tokens_per_s": 9.5, "tokens_per_s_iqr": 13.75 - 5.25}
+    assert all(math.isnan(v) for v in speed_stats(pd.DataFrame({"tokens_per_s": []})).values())
 
 
 def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path):

@@ -64,7 +64,7 @@ def _cmd_train(args) -> int:
     peak = peak_flops_for(device, get_precision(spec.train.precision).matmul_dtype, _peak_cache(args))
     summary = train(spec, args.out, device, peak_flops=peak, progress=not args.no_progress)
     keys = ("run", "status", "reason", "steps_done", "final_val_loss", "spike_score_loss", "spike_score_grad",
-            "nonfinite_steps", "tokens_per_s", "mfu")
+            "nonfinite_steps", "tokens_per_s", "tokens_per_s_iqr", "mfu")
     print(json.dumps({k: summary.get(k) for k in keys}, default=str))
     return 0 if summary.get("status") in ("ok", "diverged", "unavailable", "unsupported") else 1
 
@@ -87,7 +87,8 @@ def _cmd_experiment(args) -> int:
     frames = ex.run_experiment(config, args.name, args.out, device, progress=not args.no_progress,
                                peak_cache=_peak_cache(args))
     runs = frames["runs"]
-    cols = [c for c in ("run", "status", "final_val_loss", "spike_score_loss", "tokens_per_s", "mfu") if c in runs]
+    cols = [c for c in ("run", "status", "final_val_loss", "spike_score_loss", "tokens_per_s", "tokens_per_s_iqr", "mfu")
+            if c in runs]
     print(runs[cols].to_string(index=False), file=sys.stderr)
     return 0
 

@@ -306,6 +306,7 @@ def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                "loss_gap": r.get("final_val_loss", math.nan) - base.get("final_val_loss", math.nan),
                "spike_score_loss": r.get("spike_score_loss", math.nan),
                "spike_score_grad": r.get("spike_score_grad", math.nan), "tokens_per_s": r.get("tokens_per_s", math.nan),
+               "tokens_per_s_iqr": r.get("tokens_per_s_iqr", math.nan),
                "reason": r.get("reason", "")}
         sub = steps[steps["run"] == r["run"]] if len(steps) else steps
         for col in [c for c in sub.columns if c.startswith("fp8_")]:
@@ -316,7 +317,8 @@ def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
 def layouts_frame(runs: pd.DataFrame) -> pd.DataFrame:
     cols = ["variant", "layout", "status", "backend", "params", "kv_cache_elements_per_token",
-            "kv_bytes_per_token_bf16", "final_val_loss", "best_val_loss", "tokens_per_s", "mfu", "reason"]
+            "kv_bytes_per_token_bf16", "final_val_loss", "best_val_loss", "tokens_per_s", "tokens_per_s_iqr", "mfu",
+            "reason"]
     frame = runs.reindex(columns=cols)
     order = frame["layout"].map({name: i for i, name in enumerate(LAYOUTS)}).fillna(len(LAYOUTS))
     return frame.assign(_order=order).sort_values(["_order", "variant"]).drop(columns="_order")

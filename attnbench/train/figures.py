@@ -144,13 +144,18 @@ def lr_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     return tables, fig
 
 
+_SPEED_NOTE = ("tokens_per_s: median of the per-step rate after the first 10% of steps, tokens_per_s_iqr its "
+               "interquartile range.")
+
+
 def fp8_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     frame = ex.fp8_frame(runs, steps)
     main = [c for c in frame.columns if not c.startswith("fp8_")]
     stats = frame.set_index("precision")[[c for c in frame.columns if c.startswith("fp8_")]]
     long = stats.T.reset_index().rename(columns={"index": "column"}) if len(stats.columns) else pd.DataFrame()
     tables = [_table("fp8", "FP8 recipes against bf16: loss gap (final val loss minus the first row's), spike "
-                     "scores; emulated runs claim no speed. " + _spike_note(runs) + f" {_device(runs)}.",
+                     "scores; emulated runs claim no speed. " + _SPEED_NOTE + " " + _spike_note(runs) +
+                     f" {_device(runs)}.",
                      frame[main].set_index("precision"))]
     if long.empty:
         long = _nothing("no run logged FP8 statistics").reset_index().rename(columns={"index": "column"})
@@ -178,7 +183,7 @@ def layouts_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     frame = ex.layouts_frame(runs)
     tables = [_table("layouts", "Head layouts at matched parameters (MLP width absorbs the difference): final "
                      "validation loss, throughput and decode KV-cache bytes per token (bf16, all layers; "
-                     f"DeepSeek-V2 Table 1). {_device(runs)}.", frame.set_index("variant"))]
+                     f"DeepSeek-V2 Table 1). {_SPEED_NOTE} {_device(runs)}.", frame.set_index("variant"))]
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
         return tables, placeholder("Layouts", "no layout trained")

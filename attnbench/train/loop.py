@@ -401,6 +401,19 @@ def _provenance(device: str) -> dict:
         "timestamp": timestamp()}
 
 
+def speed_stats(frame: pd.DataFrame) -> dict:
+    """Median and interquartile range of the per-step tokens/s after the first 10% of steps.
+
+    The first tenth is left out (warm-up, compilation). The IQR is reported beside the median as
+    ``torch.utils.benchmark.Measurement`` does: a step of a few ms drifts within a run, and an IQR
+    that is a large share of the median says that one run's speed is not a stable number.
+    """
+    n = len(frame)
+    warm = frame["tokens_per_s"].iloc[max(1, n // 10):] if n > 1 else frame["tokens_per_s"]
+    q25, q50, q75 = (float(warm.quantile(q)) for q in (0.25, 0.5, 0.75)) if n else (math.nan,) * 3
+    return {"tokens_per_s": q50, "tokens_per_s_iqr": q75 - q25}
+
+
 def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | None, emulated: bool) -> dict:
     """Per-run statistics from the step log (OLMo 2 spike score with the window stated; see ``stability``).
 
@@ -414,8 +427,6 @@ def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | N
     loss, grad = frame["loss"].to_numpy(float), frame["grad_norm"].to_numpy(float)
     spikes_loss, spikes_grad = stability.spike_score(loss, window), stability.spike_score(grad, window)
     val = frame["val_loss"].dropna() if "val_loss" in frame else pd.Series(dtype=float)
-    warm = frame.iloc[max(1, n // 10):] if n > 1 else frame  # leave out warm-up and compilation
-    tokens_per_s = float(warm["tokens_per_s"].median()) if n else math.nan
     logit_cols = [c for c in frame.columns if c.startswith("max_logit_l")]
     out = {
         "steps_done": n,
@@ -433,7 +444,7 @@ def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | N
         "max_attention_logit": float(frame[logit_cols].max().max()) if logit_cols else math.nan,
         "final_logz_mean": float(frame["logz_mean"].iloc[-1]) if n else math.nan,
         "peak_memory_bytes": float(frame["memory_bytes"].max()) if n else math.nan,
-        "tokens_per_s": math.nan if emulated else tokens_per_s,
+        **({key: math.nan for key in ("tokens_per_s", "tokens_per_s_iqr")} if emulated else speed_stats(frame)),
         "peak_flops": peak_flops if peak_flops else math.nan,
     }
     out["mfu"] = out["tokens_per_s"] * flops_per_token / peak_flops if peak_flops else math.nan
