@@ -71,14 +71,10 @@ def forward_source(config, head_dim: int, causal: bool, fp8: bool) -> ASTSource:
     elt = "fp8e4nv" if fp8 else "bf16"
     pointers = dict(Q=elt, K=elt, V=elt, O="bf16", LSE="fp32", QS="fp32" if fp8 else None,
                     KS="fp32" if fp8 else None, VS="fp32" if fp8 else None)
-    strides = _bhsd_strides(HEADS, SEQ, head_dim)
     scalars = dict(sm_scale=head_dim ** -0.5, heads_q=HEADS, group=1, seq_q=SEQ, seq_kv=SEQ,
-                   n_scale_q=SEQ // BLOCK_ROWS, n_scale_kv=SEQ // BLOCK_ROWS)
-    for prefix, values in (("q", strides), ("k", strides), ("o", strides),
-                           ("v", _bhsd_strides(HEADS, SEQ, head_dim, transposed=fp8))):
-        rows = "m" if prefix in "qo" else "n"
-        scalars.update(zip((f"stride_{prefix}b", f"stride_{prefix}h", f"stride_{prefix}{rows}", f"stride_{prefix}d"),
-                           values))
+                   n_scale_q=SEQ // BLOCK_ROWS, n_scale_kv=SEQ // BLOCK_ROWS,
+                   **_stride_args(head_dim, (("q", "m"), ("k", "n"), ("o", "m"))),
+                   **_stride_args(head_dim, (("v", "n"),), transposed=fp8))  # fp8 V is stored (B, H, D, S)
     constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, FP8=fp8, SCALE_ROWS=BLOCK_ROWS if fp8 else 0, **config.kwargs)
     return _source(forward._attn_fwd, pointers, scalars, constexprs)
 
@@ -102,9 +98,10 @@ def dq_source(config, head_dim: int, causal: bool) -> ASTSource:
     return _source(backward._attn_bwd_dq, pointers, scalars, constexprs)
 
 
-def _stride_args(head_dim: int, tensors) -> dict:
-    """``stride_<prefix>{b,h,<rows>,d}`` of contiguous BHSD tensors, for (prefix, rows) in ``tensors``."""
-    strides = _bhsd_strides(HEADS, SEQ, head_dim)
+def _stride_args(head_dim: int, tensors, transposed: bool = False) -> dict:
+    """``stride_<prefix>{b,h,<rows>,d}`` of BHSD tensors (contiguous, or ``transposed`` as in
+    :func:`_bhsd_strides`), for (prefix, rows) in ``tensors``."""
+    strides = _bhsd_strides(HEADS, SEQ, head_dim, transposed)
     return {f"stride_{prefix}{axis}": value for prefix, rows in tensors
             for axis, value in zip(("b", "h", rows, "d"), strides)}
 
