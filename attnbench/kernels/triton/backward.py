@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton.forward import key_range, load_rows, query_tile, visible
+from attnbench.kernels.triton.forward import LOG2E, key_range, load_rows, query_tile, visible
 from attnbench.kernels.triton.tuning import BWD, BWD_DKDV, BWD_DQ, pruner, quick_bench, union
 
 
@@ -75,7 +75,7 @@ def _bwd_query_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ_ACC, sm_scale, off_b, o
     The (query head, query tile) pairs run as one flat loop: a head loop around
     the tile loop kept more values live and made ptxas spill (sm_90, Triton 3.6).
     """
-    qk_scale = sm_scale * 1.4426950408889634  # log2(e)
+    qk_scale = sm_scale * LOG2E
     offs_m0 = tl.arange(0, BLOCK_M)
     steps = tl.cdiv(hi - lo, BLOCK_M)
     for t in range(0, group * steps):
@@ -87,7 +87,7 @@ def _bwd_query_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, DQ_ACC, sm_scale, off_b, o
         rows = offs_m < seq_q
         q = tl.load(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
                     + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=rows[:, None], other=0.0)
-        lse2 = tl.load(LSE + bh * seq_q + offs_m, mask=rows, other=float("inf")) * 1.4426950408889634
+        lse2 = tl.load(LSE + bh * seq_q + offs_m, mask=rows, other=float("inf")) * LOG2E
         s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M): S^T
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
@@ -202,11 +202,11 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
                   stride_qm, stride_qd, seq_q, None, start_m, False, False, False)
     do = load_rows(DO + off_b.to(tl.int64) * stride_db + off_h.to(tl.int64) * stride_dh, offs_m, offs_d,
                    stride_dm, stride_dd, seq_q, None, start_m, False, False, False)
-    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * seq_q + offs_m, mask=rows, other=float("inf")) * 1.4426950408889634
+    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * seq_q + offs_m, mask=rows, other=float("inf")) * LOG2E
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * seq_q + offs_m, mask=rows, other=0.0)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
-    qk_scale = sm_scale * 1.4426950408889634  # log2(e)
+    qk_scale = sm_scale * LOG2E
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     full, hi = key_range(start_m, seq_q, seq_kv, CAUSAL, BLOCK_M, BLOCK_N)

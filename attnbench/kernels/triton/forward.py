@@ -40,6 +40,7 @@ import triton.language as tl
 
 from attnbench.kernels.triton.tuning import FP8, FWD, pruner, quick_bench, union
 
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E), scores in log2 units
 P_SHIFT = tl.constexpr(8.0)  # fp8: P = exp2(s - m + 8), probabilities in [0, 256] inside e4m3's 448
 
 
@@ -233,7 +234,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
         o_desc = tl.make_tensor_descriptor(o_base, [seq_q, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_DIM])
     q = load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, seq_q, q_desc, start_m, USE_TMA, False, False)
 
-    qk_scale = sm_scale * 1.4426950408889634  # log2(e): scores in log2 units
+    qk_scale = sm_scale * LOG2E
     vs_prev = 1.0
     if FP8:
         qk_scale = qk_scale * tl.load(QS + pid_bh * n_scale_q + start_m // SCALE_ROWS)
