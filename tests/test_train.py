@@ -204,7 +204,7 @@ def test_mxfp8_linear_computes_in_bf16_under_autocast():
     torch.testing.assert_close(y, mx_quantize(xb, 1) @ mx_quantize(wb, 1).t())
 
 
-def test_mxfp8_trains_emulated_without_torchao(tmp_path):
+def test_mxfp8_trains_emulated_on_cpu_with_or_without_torchao(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("checks the CPU emulation path")
     model = dataclasses.replace(TINY_MODEL, d_model=32)
