@@ -37,6 +37,7 @@ out, work, budget, steps = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[
 chosen, shared_with, only = sys.argv[5].split(), sys.argv[6], sys.argv[7].split()
 deadline = start + budget
 from attnbench.bench.failures import first_line
+from attnbench.bench.results import write_atomic
 from attnbench.config import load_config
 from attnbench.train import experiments as ex
 from attnbench.train.loop import train
@@ -87,8 +88,6 @@ runs_deadline = deadline - (60 if "divergence" in plans else 0)
 
 def save():
     """Write what has finished so far: a run killed at the stage's hard limit loses only itself."""
-    from attnbench.bench.results import write_atomic
-
     write_atomic(pd.DataFrame(summaries), out / "pretrain_runs.parquet")
     if steps_frames:
         write_atomic(pd.concat(steps_frames, ignore_index=True), out / "pretrain_steps.parquet")

@@ -20,9 +20,10 @@ within a deadline (BUDGET_S, default 225 s; cases not started in time are ``skip
    then 64, S 4k/8k/16k/1k with B*S = 16k tokens, 16 heads, causal and not; the fp8 forward
    at the same shapes. In forward+backward, ``triton`` (the dQ path timed per shape by the
    launcher) is joined by ``triton-dq-atomic`` and ``triton-dq-separate``, the backward's two
-   dQ paths pinned, side by side, and after the baselines by ``triton-last``, the launcher's path timed
-   again (its ratio to ``triton`` is how far a median moves between two timings). The forward's autotuning space holds both key loops (the plain one and
-   ``PIPELINE_QK``, Q K^T one tile ahead of the softmax); the one kept per shape is recorded
+   dQ paths pinned, side by side, and after the baselines by ``triton-last``, the launcher's
+   path timed again (its ratio to ``triton`` is how far a median moves between two timings).
+   The forward's autotuning space holds both key loops (the plain one and ``PIPELINE_QK``,
+   Q K^T one tile ahead of the softmax); the one kept per shape is recorded
    (``fwd_pipeline_qk``, ``fwd_config``). FLOPs from ``attnbench.bench.conventions.flops``;
 4. the compiler's report on the kernels of the S=4096 bf16 cases (registers, spills, shared
    memory, SASS instruction mix) and the roofline position against ceilings measured here;
@@ -401,7 +402,8 @@ def gpu_tests(timeout: float, out: Path) -> str:
     counts = {word: len(re.findall(rf"::\S+ {word}", log_text)) for word in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
     failed = re.findall(r"::(\S+) (?:FAILED|ERROR)", log_text)
     return (f"gpu tests (tests/test_triton.py -m gpu): {counts['PASSED']} passed, {counts['FAILED']} failed, "
-            f"{counts['ERROR']} errors, {counts['SKIPPED']} skipped{cut}" + (f"; failing: {', '.join(failed)}" if failed else ""))
+            f"{counts['ERROR']} errors, {counts['SKIPPED']} skipped{cut}"
+            + (f"; failing: {', '.join(failed)}" if failed else ""))
 
 
 def main() -> None:

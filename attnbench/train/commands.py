@@ -87,8 +87,8 @@ def _cmd_experiment(args) -> int:
     frames = ex.run_experiment(config, args.name, args.out, device, progress=not args.no_progress,
                                peak_cache=_peak_cache(args))
     runs = frames["runs"]
-    cols = [c for c in ("run", "status", "final_val_loss", "spike_score_loss", "tokens_per_s", "tokens_per_s_iqr", "mfu")
-            if c in runs]
+    cols = [c for c in ("run", "status", "final_val_loss", "spike_score_loss", "tokens_per_s", "tokens_per_s_iqr",
+                        "mfu") if c in runs]
     print(runs[cols].to_string(index=False), file=sys.stderr)
     return 0
 

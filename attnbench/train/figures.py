@@ -22,7 +22,8 @@ from attnbench.train import experiments as ex  # noqa: E402
 
 DPI = 110
 # Tables each experiment writes (always, so workflow rules can declare them); the figure is <experiment>.png.
-OUTPUTS = {"divergence": ("divergence", "divergence_loss", "divergence_numerics"), "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity"),
+OUTPUTS = {"divergence": ("divergence", "divergence_loss", "divergence_numerics"),
+           "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity"),
            "fp8": ("fp8", "fp8_scales"), "layouts": ("layouts",)}
 TABLE_FORMATS = ("md", "tex", "csv")
 

@@ -46,7 +46,7 @@ P_SHIFT = tl.constexpr(8.0)  # fp8: P = exp2(s - m + 8), probabilities in [0, 25
 
 @triton.jit
 def load_rows(base, offs_rows, offs_d, stride_row, stride_d, n_rows, desc, start, USE_TMA: tl.constexpr,
-               TRANSPOSED: tl.constexpr, IN_RANGE: tl.constexpr):
+              TRANSPOSED: tl.constexpr, IN_RANGE: tl.constexpr):
     """A (rows, D) tile by TMA or pointer loads; zero past ``n_rows`` unless the caller knows it ``IN_RANGE``."""
     if USE_TMA:
         if TRANSPOSED:  # stored (D, rows): the descriptor's tile is (D, BLOCK); hand back (BLOCK, D)
@@ -122,7 +122,7 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, seq_kv, k_desc, start_n, USE_TMA, False,
-                       not MASKED)
+                      not MASKED)
         s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32
         scale = qk_scale
         if FP8:  # this tile's scales: scalar loads issued before the matmul's result is needed
@@ -137,7 +137,7 @@ def _fwd_tiles(acc, l_i, m_i, q, qk_scale, vs_prev, k_base, v_base, k_desc, v_de
             p = tl.math.exp2(s)
             acc = acc * alpha[:, None]
         v = load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, seq_kv, v_desc, start_n, USE_TMA, FP8,
-                       not MASKED)
+                      not MASKED)
         if FP8:  # sm_90 fp8 MMAs add in reduced precision (DeepSeek-V3): promote to the fp32 accumulator per tile
             acc = tl.dot(p.to(v.dtype), v, acc, max_num_imprecise_acc=BLOCK_N)
         else:
