@@ -1,20 +1,22 @@
 """attnbench: the sweep from config to executed report (docs/pipeline.md).
 
-env (config, versions, ceilings) -> microbench (one job per backend x group, plus rule-based
-backends) -> aggregate (tables, figures) -> report (executed notebooks); `snakemake publish`
-logs the result to Weights & Biases. Every stage is a workflow/rules/*.smk file, included by
-glob, that appends what `rule all` must build to STAGE_TARGETS (defined in common.smk).
+common (load, validate and plan once; write each job's plan file) -> env (effective config, versions,
+ceilings) -> microbench (one job per group, plus backends added as rules) -> aggregate (tables,
+figures) -> stability -> hbm -> pretrain -> context -> triton -> report (one executed report, a
+section per stage); `snakemake publish` logs the sweep to Weights & Biases. The stage files are
+included explicitly, in data-flow order; a stage the sweep does not run plans no jobs.
 """
-from pathlib import Path
 
 
 include: "workflow/rules/common.smk"
-
-
-for _stage in sorted(Path(workflow.basedir, "workflow", "rules").glob("*.smk")):
-    if _stage.name != "common.smk":
-
-        include: str(_stage)
+include: "workflow/rules/env.smk"
+include: "workflow/rules/microbench.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/hbm.smk"
+include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/context.smk"
+include: "workflow/rules/report.smk"
+include: "workflow/rules/publish.smk"
 
 
 report: "workflow/report/workflow.rst"
@@ -23,4 +25,4 @@ report: "workflow/report/workflow.rst"
 rule all:
     default_target: True
     input:
-        STAGE_TARGETS,
+        P.REPORT_HTML,

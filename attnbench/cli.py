@@ -1,14 +1,16 @@
 """``attnbench`` command line: the only entry point the workflow's rules call.
 
-Subcommands
+Core subcommands (the stages add theirs, :data:`COMMAND_MODULES`)
   backends      list every backend with available/unavailable and the reason
   ceilings      measure roofline ceilings on this host and write them as JSON
-  cases         print the cases a config expands to (and check it)
-  microbench    run one group of cases for one or more backends into a parquet file
+  plan          check a config and print (or write) the jobs it plans, per stage
+  cases         print the microbench cases a config expands to
+  microbench    time, check and record one results job (a group of cases on its backends)
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 
@@ -44,16 +46,26 @@ def _cmd_ceilings(args) -> int:
     return 0
 
 
-def _cmd_cases(args) -> int:
-    from attnbench.config import load_config, microbench_plan, resolve_device
+def _cmd_plan(args) -> int:
+    from attnbench.plan import load_plan
 
-    config = load_config(args.config)
-    device, why = (args.device, "--device on the command line") if args.device else resolve_device(config)
-    plan = microbench_plan(config, device)
-    print(f"# grid: {plan.device} ({why})")
-    for group, cases in plan.groups.items():
-        for case in cases:
-            print(f"{group}\t{case.case_id}\t{case.label()}")
+    plan = load_plan(args.config, args.device)
+    print(plan.summary())
+    for job in plan.jobs():
+        print(f"{job.stage}\t{job.name}")
+    if args.out_dir:
+        plan.write_jobs(args.out_dir)
+    return 0
+
+
+def _cmd_cases(args) -> int:
+    from attnbench.plan import load_plan
+
+    plan = load_plan(args.config, args.device)
+    print(f"# grid: {plan.device} ({plan.why})")
+    for group in plan.microbench.values():
+        for case in group.cases:
+            print(f"{group.name}\t{case.case_id}\t{case.label()}")
     return 0
 
 
@@ -61,31 +73,22 @@ def _cmd_microbench(args) -> int:
     from attnbench.bench.ceilings import Ceilings, measure_ceilings
     from attnbench.bench.microbench import RunOptions, run_group
     from attnbench.bench.results import to_frame, write_atomic
-    from attnbench.config import ConfigError, load_config, microbench_plan, resolve_device
     from attnbench.kernels.registry import get_backend
+    from attnbench.plan import RESULTS_STAGES, job_cases, resolve_job
 
-    config = load_config(args.config)
-    device, why = resolve_device(config)
-    plan = microbench_plan(config, device)
+    job = resolve_job(job=args.job, config=args.config, stage="microbench", name=args.group, stages=RESULTS_STAGES)
     for name in args.backend or []:
         get_backend(name)  # unknown name: one-line error before any work
-    if args.group and args.group not in plan.groups:
-        raise ConfigError(f"group={args.group!r} is not in microbench.{device}.groups; allowed: {', '.join(plan.groups)}")
-    groups = {g: plan.groups[g] for g in ([args.group] if args.group else plan.groups)}
-    backends_of = {g: args.backend or plan.group_backends[g] for g in groups}
-    print(f"attnbench microbench: {device} grid ({why}); "
-          + "; ".join(f"{g}: {len(groups[g])} cases x {', '.join(backends_of[g])}" for g in groups), file=sys.stderr)
+    backends = args.backend or job["backends"]
+    cases = job_cases(job)
+    device = job["device"]
+    print(f"attnbench microbench: {job['stage']} job {job['group']!r} on {device}: {len(cases)} cases x "
+          f"{', '.join(backends)}", file=sys.stderr)
     ceilings = Ceilings.load(args.ceilings) if args.ceilings else measure_ceilings(device)
-    timing = config["timing"]
     rows: list[dict] = []
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout` and schedulers stop a job with SIGTERM
     try:
-        for group, cases in groups.items():
-            options = RunOptions(sweep=config["sweep"], group=group, device=device, numerics=config["numerics"],
-                                 max_err_ratio=config["max_err_ratio"], seed=config["seed"],
-                                 warmup_ms=timing["warmup_ms"], rep_ms=timing["rep_ms"],
-                                 cpu_min_run_time_s=timing["cpu_min_run_time_s"], ceilings=ceilings)
-            run_group(cases, backends_of[group], options, rows=rows)
+        run_group(cases, backends, RunOptions(**job["options"], ceilings=ceilings), rows=rows)
     except KeyboardInterrupt:
         if rows:
             write_atomic(to_frame(rows), args.out)
@@ -102,13 +105,21 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-# Modules that add subcommands: each has ``add_commands(subparsers)``; one line per stage.
+def add_job_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """``--job`` (a plan file, what the workflow passes) or ``--config`` with ``--group`` (standalone)."""
+    p.add_argument("--job", help="the job's plan file, results/<sweep>/plan/<stage>/<name>.json (the workflow's way)")
+    p.add_argument("--config", help="a config file: plan the job now, instead of --job")
+    p.add_argument("--group", help=f"with --config: the {what} group")
+
+
+# Modules that add subcommands, in data-flow order: each has ``add_commands(subparsers)``.
 COMMAND_MODULES: tuple[str, ...] = (
+    "attnbench.workflow.commands",
+    "attnbench.hbm.commands",
+    "attnbench.train.commands",
+    "attnbench.context.commands",
     "attnbench.report.commands",
     "attnbench.wheelhouse_commands",
-    "attnbench.train.commands",
-    "attnbench.hbm.commands",
-    "attnbench.context.commands",
 )
 
 
@@ -125,20 +136,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_ceilings)
 
-    p = sub.add_parser("cases", help="print the cases a config expands to")
+    p = sub.add_parser("plan", help="check a config and list the jobs it plans (optionally write their files)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--device", choices=["cpu", "cuda"], help="plan this device's grid instead of the resolved one")
+    p.add_argument("--out-dir", help="write each job's plan file under this folder")
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("cases", help="print the microbench cases a config expands to")
     p.add_argument("--config", required=True)
     p.add_argument("--device", choices=["cpu", "cuda"], help="show this device's grid instead of the resolved one")
     p.set_defaults(func=_cmd_cases)
 
     p = sub.add_parser("microbench", help="time, check and record a group of cases")
-    p.add_argument("--config", required=True)
-    p.add_argument("--backend", action="append", help="backend name (repeatable); default: the config's list")
-    p.add_argument("--group", help="one group of the config; default: all")
+    add_job_arguments(p, "microbench")
+    p.add_argument("--backend", action="append", help="backend name (repeatable); default: the job's")
     p.add_argument("--ceilings", help="ceilings JSON from `attnbench ceilings`; default: measure now")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_microbench)
-
-    import importlib
 
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_commands(sub)
@@ -147,9 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from attnbench.bench.case import CaseError
     from attnbench.bench.results import ResultsError
-    from attnbench.config import ConfigError
+    from attnbench.case import CaseError
+    from attnbench.errors import ConfigError
     from attnbench.kernels.registry import BackendError
 
     try:

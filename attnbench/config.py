@@ -1,11 +1,29 @@
-"""Load and check a sweep config: schema first, then backend names and case grids.
+"""Load a sweep config once: read the YAML safely, resolve ``extends:``, check every section against its schema.
 
-Everything that can be wrong with a config is reported here, before any job
-starts, as one line naming the key and the allowed values.
+Everything that can be wrong with a config is reported here or in :mod:`attnbench.plan`, before any
+job starts, as one line naming the key and the allowed values (:class:`~attnbench.errors.ConfigError`).
+
+Reading (:func:`read_yaml`): YAML is safe-loaded, with three limits a hostile or mistaken file
+cannot pass: a size limit (:data:`MAX_CONFIG_BYTES`), no anchors or aliases (a few nested aliases
+expand to gigabytes when the config is written out), and no key twice in one mapping (YAML keeps
+the last silently).
+
+``extends: <file>`` (a path relative to the file that says it) derives a sweep from another: the
+base is loaded first (it may extend another, up to :data:`MAX_EXTENDS_DEPTH` files, no cycles),
+then this file is deep-merged over it: mappings merge key by key, lists and scalars replace. The
+chain, base first, is recorded in the effective config as ``sources``. A file without ``extends:``
+is a complete config.
+
+Validation (:func:`validate_config`): the top-level schema (``schemas/config.schema.yaml``) and one
+schema per section (``schemas/<section>.schema.yaml``), JSON Schema 2020-12 with the schemas'
+defaults filled in (what ``snakemake.utils.validate`` does; done here so that the command line
+checks a config the same way without Snakemake). The planner then checks what a schema cannot
+(backend names, grids, run recipes) for every device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import math
 from importlib.resources import files
 from pathlib import Path
 
@@ -13,56 +31,130 @@ import jsonschema
 import torch
 import yaml
 
-from attnbench.bench.case import Case
-from attnbench.bench.grid import expand_groups
-from attnbench.kernels.registry import backend_names
+from attnbench.errors import ConfigError
 
-SCHEMA_PATH = files("attnbench") / "schemas" / "config.schema.yaml"
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message is one line naming the key."""
+SCHEMA_DIR = files("attnbench") / "schemas"
+SECTIONS = ("stability", "hbm", "pretrain", "context", "triton", "report")  # schemas/<section>.schema.yaml each
+MAX_CONFIG_BYTES = 1 << 20
+MAX_EXTENDS_DEPTH = 8
+DEFAULT_CONFIG = Path("config") / "config.yaml"
 
 
-def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+# ----------------------------------------------------------------------------------------------- reading
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without anchors or aliases, and without duplicate keys in a mapping."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ConfigError(f"{self.name}: line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not "
+                              "allowed; allowed: write the value out")
+        event = self.peek_event()
+        if getattr(event, "anchor", None):
+            raise ConfigError(f"{self.name}: line {event.start_mark.line + 1}: YAML anchors (&{event.anchor}) are not "
+                              "allowed; allowed: write the value out")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:  # SafeLoader's own check below names it
+                continue
+            if key in seen:
+                raise ConfigError(f"{self.name}: line {key_node.start_mark.line + 1}: key {key!r} appears twice in one "
+                                  "mapping; allowed: each key once")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
-SECTIONS = ("hbm", "pretrain", "context", "report")  # each validated by schemas/<section>.schema.yaml
+def read_yaml(path: str | Path) -> dict:
+    """The mapping a YAML config file holds; one-line :class:`ConfigError` for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size} bytes; allowed: a config of at most {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; allowed: a YAML file") from None
+    loader = _StrictLoader(text)
+    loader.name = str(path)
+    try:
+        value = loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(err).split())[:200]})") from None
+    finally:
+        loader.dispose()
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: holds a {type(value).__name__}; allowed: a mapping of config keys "
+                          "(config/README.md)")
+    return value
 
 
-def section_schema(section: str) -> dict | None:
-    """The schema of a top-level config section (schemas/<section>.schema.yaml); None if it has none."""
-    path = files("attnbench") / "schemas" / f"{section}.schema.yaml"
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
-
-
-def section_defaults(section: str) -> dict:
-    """A section as a config that leaves it out gets it: the schema's defaults, filled in."""
-    return _with_defaults({}, section_schema(section))
-
-
-def validate_section(value: dict, schema: dict, where: str) -> dict:
-    """Check ``value`` against ``schema`` and return it with the schema's defaults filled in.
-
-    ``where`` is the value's dotted key in the config (``hbm``, ``context.capability.cuda``; ``""``
-    for the whole config); the ConfigError names the offending key below it, e.g. ``hbm.ledger.batch: ...``.
-    """
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
-    if errors:
-        raise ConfigError(_schema_message(errors[0], where))
-    return _with_defaults(value, schema)
-
-
-def _with_defaults(instance: dict, schema: dict) -> dict:
-    """Fill ``default`` values of the schema's properties (what snakemake.utils.validate does)."""
-    out = dict(instance)
-    for key, sub in schema.get("properties", {}).items():
-        if key not in out and "default" in sub:
-            out[key] = sub["default"]
-        if isinstance(out.get(key), dict) and sub.get("type") == "object":
-            out[key] = _with_defaults(out[key], sub)
+def deep_merge(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``: mappings merge key by key; lists and scalars replace. Neither is changed."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
     return out
+
+
+def _resolve(path: Path, chain: list[Path]) -> tuple[dict, list[Path]]:
+    path = path.resolve()
+    if path in chain:
+        raise ConfigError(f"{chain[-1]}: extends {str(path)!r}, which extends it back; allowed: a chain without cycles")
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(f"{path}: extends chain of more than {MAX_EXTENDS_DEPTH} files; allowed: at most "
+                          f"{MAX_EXTENDS_DEPTH}")
+    config = read_yaml(path)
+    base = config.pop("extends", None)
+    if base is None:
+        return config, [path]
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: extends={base!r}; allowed: the path of another sweep file, relative to this one")
+    parent, sources = _resolve(path.parent / base, chain + [path])
+    return deep_merge(parent, config), sources + [path]
+
+
+def _source_name(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def load_files(paths: list[str | Path], overrides: dict | None = None) -> dict:
+    """The merged, unvalidated config of ``paths`` (each with its ``extends:`` chain, later files on top)
+    and ``overrides`` (``snakemake --config`` values) on top of all; ``sources`` records the files read."""
+    merged, sources = {}, []
+    for path in paths:
+        config, chain = _resolve(Path(path), [])
+        merged = deep_merge(merged, config)
+        sources += [_source_name(p) for p in chain]
+    merged = deep_merge(merged, overrides or {})
+    merged["sources"] = sources
+    return merged
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> dict:
+    """Read, resolve ``extends:``, and validate one config file: the validated, default-filled config."""
+    return validate_config(load_files([path], overrides))
+
+
+# ----------------------------------------------------------------------------------------------- validation
+
+def load_schema(section: str | None = None) -> dict:
+    """The top-level schema, or a section's (``schemas/<section>.schema.yaml``)."""
+    return yaml.safe_load((SCHEMA_DIR / f"{section or 'config'}.schema.yaml").read_text())
 
 
 def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
@@ -70,50 +162,71 @@ def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     where = ".".join(str(p) for p in [*([root] if root else []), *err.absolute_path]) or "config"
     if err.validator == "additionalProperties":
         allowed = ", ".join(err.schema.get("properties", {})) or "none"
-        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})), key=str)
         return f"{where}: unknown key {extra[0]!r}; allowed: {allowed}"
     if err.validator == "enum":
         return f"{where}={err.instance!r} is not allowed; allowed: {', '.join(map(str, err.validator_value))}"
-    return f"{where}: {err.message}"
+    if err.validator == "pattern":
+        return f"{where}={err.instance!r} is not allowed; allowed: a name matching {err.validator_value}"
+    if err.validator == "propertyNames":
+        return f"{where}: a name in this mapping is not allowed ({err.message}); allowed: names matching the pattern"
+    message = " ".join(err.message.split())
+    return f"{where}: {message[:300]}"
 
 
-def validate_config(config: dict) -> dict:
-    """Schema-check (with defaults), then check backends and expand every grid. Returns the filled config."""
+def _finite(value, where: str) -> None:
+    """NaN and infinity parse as YAML floats (``.nan``, ``.inf``) and pass a schema's number checks."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}={value!r} is not allowed; allowed: a finite number")
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            _finite(sub, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, sub in enumerate(value):
+            _finite(sub, f"{where}.{i}")
+
+
+def validate_section(value, schema: dict, where: str) -> dict:
+    """Check ``value`` against ``schema`` and return it with the schema's defaults filled in.
+
+    ``where`` is the value's dotted key in the config (``hbm``, ``context.capability.cuda``; ``""``
+    for the whole config); the ConfigError names the offending key below it, e.g. ``hbm.ledger.batch: ...``.
+    """
+    _finite(value, where)
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value),
+                    key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
+    if errors:
+        raise ConfigError(_schema_message(errors[0], where))
+    return with_defaults(value, schema)
+
+
+def with_defaults(instance: dict, schema: dict) -> dict:
+    """Fill ``default`` values of the schema's properties, recursively (what snakemake.utils.validate does)."""
+    out = dict(instance)
+    for key, sub in schema.get("properties", {}).items():
+        if key not in out and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+        if isinstance(out.get(key), dict) and sub.get("type") == "object":
+            out[key] = with_defaults(out[key], sub)
+    return out
+
+
+def section_defaults(section: str) -> dict:
+    """A section as a config that leaves it out gets it: the schema's defaults, filled in."""
+    return with_defaults({}, load_schema(section))
+
+
+def validate_config(config) -> dict:
+    """Schema-check the whole config and each section (defaults filled); returns the filled config.
+
+    What a schema cannot check (backends, grids, runs) is checked by :func:`attnbench.plan.check_config`.
+    """
     if not isinstance(config, dict):
         raise ConfigError("config must be a mapping; see config/README.md")
     config = validate_section(config, load_schema(), "")
     for section in SECTIONS:
-        sub = section_schema(section)
-        if sub is not None:
-            config[section] = validate_section(config.get(section, {}), sub, section)
-    known = backend_names()
-    for device in config["microbench"]:
-        lists = {f"microbench.{device}.backends": config["microbench"][device]["backends"]}
-        for group, grid in config["microbench"][device]["groups"].items():
-            if isinstance(grid, dict) and "backends" in grid:
-                lists[f"microbench.{device}.groups.{group}.backends"] = grid["backends"]
-        for where, names in lists.items():
-            if not isinstance(names, list) or not names:
-                raise ConfigError(f"{where} must be a non-empty list; allowed: {', '.join(known)}")
-            for name in names:
-                if name not in known:
-                    raise ConfigError(f"{where}: backend={name!r} is not known; allowed: {', '.join(known)}")
-        try:
-            microbench_plan(config, device)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        config[section] = validate_section(config.get(section, {}), load_schema(section), section)
     return config
-
-
-def load_config(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    return validate_config(config)
 
 
 def resolve_device(config: dict) -> tuple[str, str]:
@@ -126,28 +239,3 @@ def resolve_device(config: dict) -> tuple[str, str]:
     if torch.cuda.is_available():
         return "cuda", f"device: auto, and torch sees {torch.cuda.get_device_name()}"
     return "cpu", f"device: auto, and torch {torch.__version__} sees no CUDA device"
-
-
-@dataclass(frozen=True)
-class MicrobenchPlan:
-    """A device's grid: cases per group, and the backends that run each group."""
-
-    device: str
-    backends: list[str]
-    groups: dict[str, list[Case]]
-    group_backends: dict[str, list[str]]
-
-    def jobs(self) -> list[tuple[str, str]]:
-        """(backend, group) pairs: one workflow job each."""
-        return [(b, g) for g in self.groups for b in self.group_backends[g]]
-
-
-def microbench_plan(config: dict, device: str) -> MicrobenchPlan:
-    """Expand a device's groups; a group's own ``backends`` list narrows the device-wide one."""
-    plan = config["microbench"][device]
-    grids, group_backends = {}, {}
-    for group, grid in plan["groups"].items():
-        grid = dict(grid) if isinstance(grid, dict) else grid
-        group_backends[group] = list(grid.pop("backends", plan["backends"])) if isinstance(grid, dict) else []
-        grids[group] = grid
-    return MicrobenchPlan(device, list(plan["backends"]), expand_groups(grids, f"microbench.{device}.groups"), group_backends)

@@ -90,7 +90,7 @@ def _log(msg: str) -> None:
 def run_job(name: str, part: Path, ceilings_path: str, deadline: float) -> None:
     """One job in this process: its groups in order until the deadline, rows written after each group."""
     from attnbench.bench.ceilings import Ceilings
-    from attnbench.bench.grid import expand_grid
+    from attnbench.workloads.grid import expand_grid
     from attnbench.bench.microbench import RunOptions, run_group
     from attnbench.bench.results import to_frame, write_atomic
 
@@ -111,7 +111,7 @@ def prewarm_flashinfer(report: Path) -> None:
     """Compile FlashInfer's variants of the flashinfer job on tiny inputs; write each one's wall time."""
     import torch
 
-    from attnbench.bench.case import Case
+    from attnbench.case import Case
     from attnbench.bench.inputs import make_tensors
     from attnbench.kernels import get_backend, safe_available
 

@@ -37,7 +37,7 @@ phase, work, deadline = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
 device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of this script at toy sizes
 from attnbench.config import load_config
 from attnbench.context import experiment as E
-from attnbench.context import tables
+from attnbench.report import context as tables
 
 config = load_config("config/config.yaml")
 

@@ -36,7 +36,7 @@ start = time.monotonic()
 out, work, budget, steps = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 chosen, shared_with, only = sys.argv[5].split(), sys.argv[6], sys.argv[7].split()
 deadline = start + budget
-from attnbench.bench.failures import first_line
+from attnbench.failures import first_line
 from attnbench.bench.results import write_atomic
 from attnbench.config import load_config
 from attnbench.train import experiments as ex

@@ -32,7 +32,7 @@ KEY = ["backend", "mode", "layout", "batch", "heads_q", "head_dim_qk", "seq_kv",
 
 
 def one_pass(part: Path) -> None:
-    from attnbench.bench.grid import expand_grid
+    from attnbench.workloads.grid import expand_grid
     from attnbench.bench.microbench import RunOptions, run_group
     from attnbench.bench.results import to_frame, write_atomic
 

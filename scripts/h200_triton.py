@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.bench.failures import one_line
+from attnbench.failures import one_line
 
 TOKENS, HEADS = 16384, 16
 SEQS = [4096, 8192, 16384, 1024]  # the targets are about S >= 4096: those first
@@ -76,7 +76,7 @@ def left() -> float:
 
 
 def case_of(part: str, dtype: str, head_dim: int, seq: int, causal: bool, batch: int | None = None):
-    from attnbench.bench.case import Case
+    from attnbench.case import Case
 
     return Case(mode="fwd_bwd" if part == "fwd_bwd" else "fwd", layout="mha", batch=batch or TOKENS // seq,
                 heads_q=HEADS, heads_kv=HEADS, head_dim_qk=head_dim, head_dim_v=head_dim, seq_q=seq, seq_kv=seq,

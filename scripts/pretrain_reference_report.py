@@ -4,7 +4,7 @@
 ``scripts/h200_pretrain.sh`` writes one ``pretrain_runs.parquet`` and one ``pretrain_steps.parquet`` for all the
 experiments it ran (column ``experiment``) and, with divergence, ``pretrain_divergence.parquet`` (column ``table``:
 ``weight_divergence``, ``numerics_vs_fp64``). This splits them into the per-experiment frames that
-:func:`attnbench.train.figures.render` reads (the layout ``attnbench experiment run`` writes) and renders each
+:func:`attnbench.report.pretrain.render` reads (the layout ``attnbench experiment run`` writes) and renders each
 experiment into ``<out>/tables`` and ``<out>/figures``, as the Snakemake pretraining rules do for CPU runs.
 
 usage: python3 scripts/pretrain_reference_report.py [--in results/reference/h200/pretrain]
@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.train import experiments as ex
-from attnbench.train.figures import render
+from attnbench.report.pretrain import render
 
 DIVERGENCE_TABLES = {"weight_divergence": "divergence.parquet", "numerics_vs_fp64": "numerics.parquet"}
 

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.inputs import make_tensors
 from attnbench.bench.microbench import RunOptions, base_row, run_group
 from attnbench.bench.numerics import check_numerics

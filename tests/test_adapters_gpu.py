@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.inputs import make_tensors
 from attnbench.bench.microbench import RunOptions, run_group
 from attnbench.bench.numerics import check_numerics

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.conventions import bytes_model, flops, kv_cache_bytes
 from attnbench.bench.results import to_frame
 

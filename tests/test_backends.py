@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.numerics import check_numerics
 from attnbench.kernels import BackendError, all_backends, get_backend, safe_available
 

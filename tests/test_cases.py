@@ -1,8 +1,8 @@
 """Case validation and grid expansion: bad shapes are one-line errors naming the field."""
 import pytest
 
-from attnbench.bench.case import Case, CaseError
-from attnbench.bench.grid import GridError, expand_grid
+from attnbench.case import Case, CaseError
+from attnbench.workloads.grid import GridError, expand_grid
 
 
 def make(**kw):

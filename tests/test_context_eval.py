@@ -10,7 +10,7 @@ import torch
 from attnbench.context import passkey
 from attnbench.context.perplexity import (document_starts, sliding_window_score, sliding_windows,
                                           truncated_window_score)
-from attnbench.context.tables import passkey_table, perplexity_table
+from attnbench.report.context import passkey_table, perplexity_table
 
 V = 7
 

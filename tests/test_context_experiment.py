@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from attnbench import cli
-from attnbench.config import ConfigError, load_config, validate_config
+from attnbench.config import load_config, validate_config
+from attnbench.errors import ConfigError
 from attnbench.context import experiment as E
 from attnbench.context.perplexity import sliding_window_score
 
@@ -80,7 +81,7 @@ def test_capability_rows_and_tables(spec, checkpoint):
                & (rows["eval"] == "sliding")].iloc[0]
     assert row["ppl"] == pytest.approx(direct.ppl, rel=1e-5)
 
-    from attnbench.context.tables import passkey_table, perplexity_table
+    from attnbench.report.context import passkey_table, perplexity_table
     table = perplexity_table(rows, "truncated")
     assert list(table.columns[-2:]) == ["96", "192"] and len(table) == 4
     assert len(passkey_table(rows)) == 4

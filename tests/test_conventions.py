@@ -4,7 +4,7 @@ import math
 import pytest
 
 from attnbench.bench import conventions as cv
-from attnbench.bench.case import Case
+from attnbench.case import Case
 
 
 def case(**kw):

@@ -3,7 +3,7 @@ import warnings
 
 import torch
 
-from attnbench.bench.failures import OOM_REASON_CHARS, classify, first_line
+from attnbench.failures import OOM_REASON_CHARS, classify, first_line
 
 
 def test_sdpa_refusal_is_unsupported_with_its_reasons():

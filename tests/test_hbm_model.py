@@ -3,8 +3,8 @@ import pandas as pd
 import pytest
 
 from attnbench.bench import conventions as cv
-from attnbench.bench.case import Case
-from attnbench.hbm.figures import FIGURES, write_figures
+from attnbench.case import Case
+from attnbench.report.hbm import FIGURES, write_figures
 from attnbench.hbm.ledger import LedgerShape, build_ledger
 from attnbench.hbm.stage import model_family
 

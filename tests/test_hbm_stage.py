@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from attnbench.bench import conventions
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.results import STATUSES
 from attnbench.cli import main
 from attnbench.hbm.ncu import NcuSettings

@@ -3,9 +3,9 @@ import pandas as pd
 import pytest
 
 from attnbench.bench import conventions
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.cli import main
-from attnbench.config import ConfigError
+from attnbench.errors import ConfigError
 from attnbench.hbm.ledger import LedgerShape, build_ledger, cache_layouts, kv_measured_table, pretrain_table
 
 SHAPE = LedgerShape()  # n_h 32, d_h 128, n_g 2/4/8/16, d_c 512, d_h^R 64, 32 layers

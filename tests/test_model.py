@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from attnbench.config import ConfigError
+from attnbench.errors import ConfigError
 from attnbench.kernels.registry import all_backends, safe_available
 from attnbench.models.gpt import GPT, GPTConfig, count_params, match_params
 from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend

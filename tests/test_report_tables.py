@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from attnbench.bench import conventions
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.results import ResultsError, empty_row, to_frame
 from attnbench.report import tables
 from attnbench.report.aggregate import load_results

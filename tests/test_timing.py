@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnbench.bench import microbench, timing
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.microbench import RunOptions, run_group
 from attnbench.bench.provenance import gpu_selector
 from attnbench.bench.results import to_frame

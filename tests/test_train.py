@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from attnbench.cli import main
-from attnbench.config import ConfigError, validate_config
+from attnbench.config import validate_config
+from attnbench.errors import ConfigError
 from attnbench.data import CORPORA
 from attnbench.models.gpt import GPTConfig, count_params
 from attnbench.train import experiments as ex
@@ -329,7 +330,7 @@ def test_experiment_runs_and_renders_tables_and_figures(tmp_path):
     assert (div[div["step"] == 0].query("swap != 'seed'")[["max_abs", "rel_l2"]] == 0).all().all()  # same init
     assert (div[(div["swap"] == "seed") & (div["step"] == 8)]["rel_l2"] > 0.1).all()
     assert set(frames["numerics"]["status"]) == {"ok"} and (frames["numerics"]["out_rel_err"] < 1e-2).all()
-    from attnbench.train.figures import render
+    from attnbench.report.pretrain import render
 
     paths = render("divergence", tmp_path / "exp", tmp_path / "report")
     names = {p.name for p in paths}

@@ -22,7 +22,7 @@ import sys
 import pytest
 import torch
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.numerics import check_numerics
 from attnbench.kernels import get_backend
 

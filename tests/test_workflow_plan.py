@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from attnbench.config import ConfigError
+from attnbench.errors import ConfigError
 from attnbench.report import ingest, jobs, pipeline
-from attnbench.report.schema import results_schema_text, validate_frame
+from attnbench.bench.schema import results_schema_text, validate_frame
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {
@@ -116,7 +116,7 @@ def test_guard_turns_a_crashed_job_into_error_rows(config_file, tmp_path, capfd)
 def test_guard_keeps_the_rows_of_a_stopped_job_and_fills_in_the_rest(config_file, tmp_path):
     out = tmp_path / "rows.parquet"
     partial = [sys.executable, "-c",
-               "import sys; from attnbench.report.jobs import error_rows; from attnbench.bench.results import write_atomic; "
+               "import sys; from attnbench.workflow.guard import error_rows; from attnbench.bench.results import write_atomic; "
                f"df = error_rows({config_file!r}, 'g', ['eager'], '').iloc[:1].assign(status='ok'); "
                f"write_atomic(df, {str(out)!r}); sys.exit(3)"]
     assert jobs.guard(partial, config=config_file, group="g", backends=["eager"], out=str(out)) == 0
@@ -190,7 +190,7 @@ def test_rule_backend_contract(config_file, tmp_path):
 
 
 def test_config_readme_documents_every_key():
-    from attnbench.bench.grid import GRID_KEYS
+    from attnbench.workloads.grid import GRID_KEYS
 
     readme = (REPO / "config" / "README.md").read_text()
     top = yaml.safe_load((REPO / "attnbench" / "schemas" / "config.schema.yaml").read_text())

@@ -33,7 +33,7 @@ Bytes (each tensor at its element size; K and V are sized by K/V heads):
 """
 from __future__ import annotations
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 FP8_INPUTS = ("q", "k", "v")  # the inputs a backend may read in e4m3 (Backend.fp8_inputs)

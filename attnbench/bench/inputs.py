@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.bench.case import Case
-from attnbench.kernels.registry import Tensors
+from attnbench.case import Case
+from attnbench.case import Tensors
 
 
 def make_tensors(case: Case, device: str | torch.device, *, seed: int, dtype: torch.dtype | None = None,

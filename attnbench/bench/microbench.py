@@ -17,9 +17,9 @@ from typing import Callable
 import torch
 
 from attnbench.bench import conventions
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.ceilings import Ceilings
-from attnbench.bench.failures import classify
+from attnbench.failures import classify
 from attnbench.bench.inputs import make_tensors
 from attnbench.bench.numerics import Baselines, baselines, check_numerics
 from attnbench.bench.provenance import environment, kernel_names, sm_clock_mhz, timestamp
@@ -39,6 +39,7 @@ class RunOptions:
     warmup_ms: float = 25
     rep_ms: float = 100
     cpu_min_run_time_s: float = 0.2
+    min_reps: int = 10
     ceilings: Ceilings | None = None
 
 
@@ -80,7 +81,8 @@ class _Job:
     def time(self, fn: Callable, case: Case, estimate_s: float) -> Timing:
         o = self.options
         return time_callable(fn, o.device, prefer_graph=case.mode == "decode", warmup_ms=o.warmup_ms,
-                             rep_ms=o.rep_ms, cpu_min_run_time_s=o.cpu_min_run_time_s, estimate_s=estimate_s)
+                             rep_ms=o.rep_ms, cpu_min_run_time_s=o.cpu_min_run_time_s, estimate_s=estimate_s,
+                             min_reps=o.min_reps)
 
     def base_row(self, case: Case, backend: Backend) -> dict:
         row = base_row(case, backend, self.options.device, self.options.ceilings)

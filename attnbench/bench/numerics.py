@@ -21,10 +21,10 @@ from typing import Callable
 
 import torch
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.inputs import cast_tensors, make_tensors
 from attnbench.kernels.eager import eager_attention
-from attnbench.kernels.registry import Tensors
+from attnbench.case import Tensors
 
 SCORE_BUDGET_BYTES = 2 * 1024**3  # per query block of the chunked reference
 

@@ -77,12 +77,13 @@ MIN_REPS = 10
 MAX_GRAPH_REPS = 200
 
 
-def _time_do_bench(fn: Callable, warmup_ms: float, rep_ms: float, estimate_s: float | None = None) -> Timing:
-    """do_bench sizes its repetitions from ``rep_ms``; slow calls get at least MIN_REPS samples."""
+def _time_do_bench(fn: Callable, warmup_ms: float, rep_ms: float, estimate_s: float | None = None,
+                   min_reps: int = MIN_REPS) -> Timing:
+    """do_bench sizes its repetitions from ``rep_ms``; slow calls get at least ``min_reps`` samples."""
     from triton.testing import do_bench
 
     if estimate_s:
-        rep_ms = max(rep_ms, MIN_REPS * estimate_s * 1e3)
+        rep_ms = max(rep_ms, min_reps * estimate_s * 1e3)
     times_ms = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
     return Timing("do_bench", tuple(t * 1e-3 for t in times_ms))
 
@@ -136,34 +137,35 @@ def wants_graph(device_median_s: float, host_s: float) -> bool:
     return device_median_s < GRAPH_THRESHOLD_S or host_s >= HOST_BOUND_FRACTION * device_median_s
 
 
-def graph_reps_for(estimate_s: float | None, rep_ms: float, max_reps: int = MAX_GRAPH_REPS) -> int:
-    """Replays that fill ``rep_ms`` at ``estimate_s`` per call, between MIN_REPS and ``max_reps``.
+def graph_reps_for(estimate_s: float | None, rep_ms: float, max_reps: int = MAX_GRAPH_REPS,
+                   min_reps: int = MIN_REPS) -> int:
+    """Replays that fill ``rep_ms`` at ``estimate_s`` per call, between ``min_reps`` and ``max_reps``.
 
-    A 40 ms decode call (sdpa-math at a 16k KV cache) gets MIN_REPS replays, not 200 (8 s a row).
+    A 40 ms decode call (sdpa-math at a 16k KV cache) gets ``min_reps`` replays, not 200 (8 s a row).
     """
     if not estimate_s or estimate_s <= 0:
-        return max_reps
-    return int(min(max_reps, max(MIN_REPS, rep_ms * 1e-3 / estimate_s)))
+        return max(max_reps, min_reps)
+    return int(min(max(max_reps, min_reps), max(min_reps, rep_ms * 1e-3 / estimate_s)))
 
 
 def time_callable(fn: Callable, device: str, *, prefer_graph: bool = False, warmup_ms: float = 25,
                   rep_ms: float = 100, cpu_min_run_time_s: float = 0.2,
-                  estimate_s: float | None = None) -> Timing:
+                  estimate_s: float | None = None, min_reps: int = MIN_REPS) -> Timing:
     """Time ``fn`` on ``device`` with the right timer for it (see module docstring).
 
-    ``estimate_s`` (e.g. the first call's wall time) lets slow calls get enough samples
-    and sizes the graph replays (:func:`graph_reps_for`).
+    ``estimate_s`` (e.g. the first call's wall time) lets slow calls get at least ``min_reps``
+    samples (``timing.min_reps``) and sizes the graph replays (:func:`graph_reps_for`).
     """
     if device == "cpu":
         return _time_cpu(fn, cpu_min_run_time_s)
     if not prefer_graph:
-        first = _time_do_bench(fn, warmup_ms, rep_ms, estimate_s)
+        first = _time_do_bench(fn, warmup_ms, rep_ms, estimate_s, min_reps)
         host_s = host_enqueue_s(fn) if first.median < HOST_CHECK_MAX_S else 0.0
         if not wants_graph(first.median, host_s):
             return first
         estimate_s = first.median
     try:
-        return _time_cuda_graph(fn, graph_reps_for(estimate_s, rep_ms))
+        return _time_cuda_graph(fn, graph_reps_for(estimate_s, rep_ms, min_reps=min_reps))
     except RuntimeError:  # a kernel that cannot be captured (host sync inside): time it eagerly
         torch.cuda.synchronize()
-        return _time_do_bench(fn, warmup_ms, rep_ms)
+        return _time_do_bench(fn, warmup_ms, rep_ms, min_reps=min_reps)

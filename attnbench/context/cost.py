@@ -1,12 +1,11 @@
 """Cost of context extension: attention at extended lengths, and the RoPE scalings themselves.
 
-Attention: the microbench harness (:func:`attnbench.bench.microbench.run_group`)
-on fwd / fwd_bwd (causal prefill) and decode (one query row against a KV cache)
-cases at extended lengths, numerics off (an fp64 reference at 128k is itself
-the thing that does not fit). Each row keeps its peak memory (CUDA) and its
-roofline label; a backend that no longer fits is an ``oom`` row, so the table
-shows where each backend stops fitting and where it turns memory-bound. The
-grids use the microbench group syntax, under ``context.cost.<device>``.
+Attention: ``context.cost.<device>`` is a grid stage like the microbenchmarks (the planner's
+``context-cost`` jobs run through ``attnbench microbench``) on fwd / fwd_bwd (causal prefill)
+and decode (one query row against a KV cache) cases at extended lengths, numerics off (an fp64
+reference at 128k is itself the thing that does not fit). Each row keeps its peak memory (CUDA)
+and its roofline label; a backend that no longer fits is an ``oom`` row, so the table shows
+where each backend stops fitting and where it turns memory-bound.
 
 RoPE: a scaling method changes only ``inv_freq`` and the attention factor, so
 attention cost is the same for every method; what differs is building the
@@ -15,48 +14,23 @@ and rotating q and k. :func:`rope_overhead` times exactly that.
 """
 from __future__ import annotations
 
-import sys
-from typing import Callable
-
 import torch
 
-from attnbench.bench.failures import classify
-from attnbench.bench.microbench import RunOptions, run_group
+from attnbench.failures import classify
 from attnbench.bench.provenance import environment, timestamp
 from attnbench.bench.timing import time_callable
-from attnbench.config import ConfigError, MicrobenchPlan, microbench_plan
-from attnbench.kernels.registry import backend_names
 from attnbench.models.rope import METHODS, RopeConfig, apply_rope, rope_cos_sin, rope_frequencies
 
 
-def cost_plan(context: dict, device: str) -> MicrobenchPlan:
-    """The ``context.cost.<device>`` grid, expanded and checked like a microbench grid."""
-    spec = context["cost"][device]
-    known = backend_names()
-    lists = {f"context.cost.{device}.backends": spec["backends"]}
-    lists.update({f"context.cost.{device}.groups.{g}.backends": grid["backends"]
-                  for g, grid in spec["groups"].items() if "backends" in grid})
-    for where, names in lists.items():
-        for name in names:
-            if name not in known:
-                raise ConfigError(f"{where}: backend={name!r} is not known; allowed: {', '.join(known)}")
-    try:
-        return microbench_plan({"microbench": {device: spec}}, device)
-    except ValueError as err:
-        raise ConfigError(str(err).replace("microbench.", "context.cost.", 1)) from None
+def rope_overhead_job(cost_groups: dict, capability: dict, sweep: str, device: str):
+    """The RoPE timing job: the cost grid's prefill lengths at its first prefill case's heads and dims."""
+    from attnbench.plan import Job
 
-
-def run_cost(plan: MicrobenchPlan, group: str, options: RunOptions, backends: list[str] | None = None,
-             log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict]:
-    """Results rows (the microbench schema) for one group; numerics are always off here."""
-    if group not in plan.groups:
-        raise ConfigError(f"group={group!r} is not in context.cost.{plan.device}.groups; allowed: {', '.join(plan.groups)}")
-    options.numerics = False
-    options.group = group
-    rows = run_group(plan.groups[group], backends or plan.group_backends[group], options, log)
-    for row in rows:
-        row["experiment"] = "context_cost"
-    return rows
+    cases = [c for g in cost_groups.values() for c in g.cases if c.mode != "decode"]
+    shape = ({"heads_q": cases[0].heads_q, "heads_kv": cases[0].heads_kv, "head_dim": cases[0].head_dim_qk,
+              "dtype": cases[0].dtype, "lengths": sorted({c.seq_q for c in cases})} if cases else None)
+    return Job("context", "rope-overhead", {"stage": "context-rope", "sweep": sweep, "device": device,
+                                            "shape": shape, "original_max_len": capability["train_len"]})
 
 
 def rope_overhead(lengths: list[int], *, heads_q: int, heads_kv: int, head_dim: int, dtype: torch.dtype,

@@ -30,9 +30,9 @@ from typing import Callable
 
 import torch
 
-from attnbench.bench.failures import classify
+from attnbench.failures import classify
 from attnbench.bench.provenance import environment, timestamp
-from attnbench.config import ConfigError
+from attnbench.errors import ConfigError
 from attnbench.context import passkey
 from attnbench.context.perplexity import document_starts, sliding_window_score, truncated_window_score
 from attnbench.models.gpt import GPT, GPTConfig
@@ -41,6 +41,7 @@ from attnbench.train.data import DataConfig, TokenData, load_tokens
 from attnbench.train.loop import TrainConfig, lm_loss, lr_at
 
 Log = Callable[[str], None]
+MAX_EVAL_FACTOR = 64  # evaluation lengths beyond 64 x train_len are refused at planning time
 
 
 def _stderr(message: str) -> None:
@@ -61,18 +62,33 @@ class Variant:
         return 1.0 if self.method in ("none", "dynamic_ntk") else self.factor
 
 
-def capability_spec(context: dict, device: str) -> dict:
-    """``context.capability`` for ``device``: on cuda its ``cuda`` block merged over it, checked and filled again."""
-    from attnbench.config import section_schema, validate_section
-    from attnbench.train.experiments import deep_merge
+def check_capability(spec: dict, where: str) -> dict:
+    """Everything about ``context.capability`` that its schema cannot check, at planning time: the
+    model and every method's RoPE at every factor build, passkey documents fit, evaluation lengths
+    stay within :data:`MAX_EVAL_FACTOR` times the training length. Returns ``spec``."""
+    check_spec(spec)
+    too_long = [f for f in spec["eval_factors"] if f > MAX_EVAL_FACTOR]
+    if too_long:
+        raise ConfigError(f"{where}.eval_factors: {too_long[0]!r} is not allowed; allowed: factors up to "
+                          f"{MAX_EVAL_FACTOR} (evaluation lengths up to {MAX_EVAL_FACTOR} x train_len)")
+    for method in spec["methods"]:
+        for variant in variants(spec, method):
+            rope_config(spec, variant.method, variant.rope_factor)
+    _model_config(spec, rope_config(spec, "none", 1.0), spec["train_len"])
+    return spec
 
-    spec = copy.deepcopy(context["capability"])
-    cuda = spec.pop("cuda", {})
-    if device != "cuda":
-        return spec
-    schema = dict(section_schema("context")["properties"]["capability"])
-    schema["properties"] = {k: v for k, v in schema["properties"].items() if k != "cuda"}
-    return validate_section(deep_merge(spec, cuda), schema, "context.capability.cuda")
+
+def capability_jobs(spec: dict, sweep: str, device: str) -> list:
+    """The pretraining job, then one evaluation job per method. The pretraining job's file leaves the
+    methods out, so adding a method to a sweep does not pretrain again."""
+    from attnbench.plan import Job
+
+    base = {k: v for k, v in spec.items() if k != "methods"}
+    jobs = [Job("context", "capability-pretrain", {"stage": "context-pretrain", "sweep": sweep, "device": device,
+                                                   "spec": base})]
+    jobs += [Job("context", f"capability-{method}", {"stage": "context-evaluate", "sweep": sweep, "device": device,
+                                                     "spec": base, "method": method}) for method in spec["methods"]]
+    return jobs
 
 
 def rope_config(spec: dict, method: str, factor: float) -> RopeConfig:

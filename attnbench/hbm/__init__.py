@@ -6,5 +6,5 @@
   a profiler range and an NVTX range.
 * :mod:`attnbench.hbm.stage`: the ``attnbench hbm`` job: timing, profiling, rows.
 * :mod:`attnbench.hbm.ledger`: KV-cache bytes per token per layout and attention bytes per training step.
-* :mod:`attnbench.hbm.figures`: measured/modelled ratios, roofline, ledger charts.
+* :mod:`attnbench.report.hbm`: measured/modelled ratios, roofline, ledger charts.
 """

@@ -12,42 +12,40 @@ import sys
 
 import pandas as pd
 
+from attnbench.errors import ConfigError
+
 
 def _cmd_hbm(args) -> int:
     from attnbench.bench.ceilings import Ceilings, measure_ceilings
     from attnbench.bench.results import write_atomic
-    from attnbench.config import load_config, resolve_device
     from attnbench.hbm.ncu import NcuSettings
-    from attnbench.hbm.plan import hbm_plan, select_group
     from attnbench.hbm.stage import HbmOptions, frame, run_hbm
     from attnbench.kernels.registry import get_backend
+    from attnbench.plan import job_cases, load_plan, read_job
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so a running ncu process group is killed
-    config = load_config(args.config)
-    device, why = resolve_device(config)
-    plan = hbm_plan(config)
-    groups = args.group or list(plan.groups)
-    cases_of = {g: select_group(plan, g) for g in groups}  # unknown group: one-line error before any work
     for name in args.backend or []:
         get_backend(name)
-    section = config["hbm"]
+    if args.job:
+        job = read_job(args.job, ("hbm",))
+    elif args.config and args.group:
+        job = load_plan(args.config).hbm_job(args.group, args.backend).payload
+    else:
+        raise ConfigError("give --job (a plan file), or --config with --group")
+    backends = args.backend or job["backends"]
+    cases, device, section = job_cases(job), job["device"], job["hbm"]
     ceilings = None
     if args.ceilings:
         ceilings = Ceilings.load(args.ceilings)
     elif device == "cuda":
         ceilings = measure_ceilings(device)
-    frames = []
-    for group, cases in cases_of.items():
-        backends = args.backend or plan.group_backends[group]
-        print(f"attnbench hbm: {device} ({why}); group {group}: {len(cases)} cases x {', '.join(backends)}",
-              file=sys.stderr)
-        options = HbmOptions(sweep=config["sweep"], group=group, device=device,
-                             settings=NcuSettings.from_config(section), seed=config["seed"],
-                             warmup_calls=section["warmup_calls"], timeout_s=section["timeout_s"],
-                             time_in_process=section["time"], timing=config["timing"], ceilings=ceilings,
-                             microbench=args.microbench, workdir=args.workdir)
-        frames.append(run_hbm(cases, backends, options))
-    df = frame(pd.concat(frames, ignore_index=True).to_dict("records"))
+    print(f"attnbench hbm: {device}; group {job['group']}: {len(cases)} cases x {', '.join(backends)}",
+          file=sys.stderr)
+    options = HbmOptions(sweep=job["sweep"], group=job["group"], device=device,
+                         settings=NcuSettings.from_config(section), warmup_calls=section["warmup_calls"],
+                         timeout_s=section["timeout_s"], time_in_process=section["time"], run=job["options"],
+                         ceilings=ceilings, microbench=args.microbench, workdir=args.workdir)
+    df = frame(run_hbm(cases, backends, options).to_dict("records"))
     write_atomic(df, args.out)
     print(f"wrote {len(df)} rows ({(df.status == 'ok').sum()} measured) to {args.out}", file=sys.stderr)
     return 0
@@ -68,14 +66,6 @@ def _cmd_table(args) -> int:
     return 0
 
 
-def _ledger_section(config_path: str | None) -> dict:
-    from attnbench.config import load_config, section_defaults
-
-    if config_path:
-        return load_config(config_path)["hbm"]["ledger"]
-    return section_defaults("hbm")["ledger"]
-
-
 def _read_tables(paths: list[str] | None) -> pd.DataFrame | None:
     if not paths:
         return None
@@ -86,7 +76,11 @@ def _cmd_ledger(args) -> int:
     from attnbench.bench.results import write_atomic
     from attnbench.hbm.ledger import LedgerShape, build_ledger
 
-    shape = LedgerShape.from_config(_ledger_section(args.config))
+    from attnbench.config import section_defaults
+    from attnbench.plan import read_job
+
+    section = read_job(args.job, ("hbm-ledger",))["ledger"] if args.job else section_defaults("hbm")["ledger"]
+    shape = LedgerShape.from_config(section)
     df = build_ledger(shape, _read_tables(args.hbm))
     write_atomic(df, args.out)
     print(f"wrote {len(df)} ledger rows to {args.out}", file=sys.stderr)
@@ -94,7 +88,7 @@ def _cmd_ledger(args) -> int:
 
 
 def _cmd_figures(args) -> int:
-    from attnbench.hbm.figures import write_figures
+    from attnbench.report.hbm import write_figures
 
     paths = write_figures(_read_tables(args.hbm), pd.read_parquet(args.ledger), args.out)
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
@@ -103,9 +97,10 @@ def _cmd_figures(args) -> int:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("hbm", help="measure DRAM bytes per (case, backend) with Nsight Compute")
-    p.add_argument("--config", required=True)
-    p.add_argument("--group", action="append", help="a group of hbm.groups (repeatable); default: all")
-    p.add_argument("--backend", action="append", help="backend name (repeatable); default: the group's list")
+    p.add_argument("--job", help="the job's plan file, results/<sweep>/plan/hbm/<group>.<backend>.json")
+    p.add_argument("--config", help="a config file: plan the job now, instead of --job")
+    p.add_argument("--group", help="with --config: a group of hbm.groups")
+    p.add_argument("--backend", action="append", help="backend name (repeatable); default: the job's")
     p.add_argument("--microbench", help="results parquet to take times from (same case_id and backend)")
     p.add_argument("--ceilings", help="ceilings JSON from `attnbench ceilings`; default: measure now (CUDA)")
     p.add_argument("--workdir", help="keep ncu plans, logs and reports under this folder")
@@ -118,7 +113,7 @@ def add_commands(sub) -> None:
     p.set_defaults(func=_cmd_table)
 
     p = sub.add_parser("ledger", help="KV bytes/token per layout and attention bytes per training step")
-    p.add_argument("--config", help="config whose hbm.ledger gives the model shape; default: the schema's")
+    p.add_argument("--job", help="the ledger's plan file (plan/hbm/ledger.json); default: the schema's model shape")
     p.add_argument("--hbm", action="append", help="hbm parquet(s) whose decode rows check the formulas")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_ledger)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench.bench import conventions
-from attnbench.bench.case import Case
-from attnbench.config import ConfigError
+from attnbench.case import Case
+from attnbench.errors import ConfigError
 
 LEDGER_COLUMNS = [
     "table", "name", "layout", "variant", "dtype", "formula", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v",

@@ -28,8 +28,8 @@ from typing import Callable
 
 import torch
 
-from attnbench.bench.case import Case
-from attnbench.bench.failures import classify
+from attnbench.case import Case
+from attnbench.failures import classify
 from attnbench.bench.inputs import make_tensors
 from attnbench.hbm.ncu import RANGE, range_tag
 from attnbench.kernels.registry import Backend, get_backend, safe_available

@@ -28,7 +28,7 @@ from typing import Callable
 import pandas as pd
 
 from attnbench.bench import conventions
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.bench.ceilings import Ceilings
 from attnbench.bench.microbench import base_row
 from attnbench.bench.provenance import timestamp
@@ -77,11 +77,10 @@ class HbmOptions:
     group: str
     device: str
     settings: ncu_cli.NcuSettings
-    seed: int = 0
     warmup_calls: int = 2
     timeout_s: float = 1800
     time_in_process: bool = True
-    timing: dict = field(default_factory=dict)
+    run: dict = field(default_factory=dict)  # RunOptions fields of the timing (attnbench.plan.run_options)
     ceilings: Ceilings | None = None
     microbench: str | None = None
     workdir: str | None = None
@@ -163,7 +162,7 @@ def _one_process(pending: list[tuple[Case, str]], options: HbmOptions, ncu_path:
     by_case: dict[Case, list[str]] = {}
     for case, backend in pending:
         by_case.setdefault(case, []).append(backend)
-    plan = {"device": options.device, "seed": options.seed, "warmup_calls": options.warmup_calls,
+    plan = {"device": options.device, "seed": options.run.get("seed", 0), "warmup_calls": options.warmup_calls,
             "cases": [{"case": c.fields(), "backends": b} for c, b in by_case.items()]}
     (run_dir / "plan.json").write_text(json.dumps(plan))
     manifest, report, ncu_log = run_dir / "manifest.jsonl", run_dir / "report", run_dir / "ncu.log"
@@ -245,10 +244,7 @@ def _time_rows(cases: list[Case], backends: list[str], options: HbmOptions,
         return {}, "none"
     from attnbench.bench.microbench import RunOptions, run_group
 
-    t = options.timing
-    run = RunOptions(sweep=options.sweep, group=options.group, device=options.device, numerics=False,
-                     seed=options.seed, warmup_ms=t.get("warmup_ms", 25), rep_ms=t.get("rep_ms", 100),
-                     cpu_min_run_time_s=t.get("cpu_min_run_time_s", 0.2), ceilings=options.ceilings)
+    run = RunOptions(**{**options.run, "numerics": False}, ceilings=options.ceilings)
     rows = run_group(cases, backends, run, log)
     import gc
 

@@ -7,8 +7,8 @@ from attnbench.kernels import eager, flex, sdpa  # noqa: F401  (register on impo
 from attnbench.kernels import flash_attn  # noqa: F401  (fa2, fa3, fa3-fp8, fa4)
 from attnbench.kernels import flashinfer  # noqa: F401  (flashinfer, flashinfer-fp8kv, flashinfer-mla)
 from attnbench.kernels import triton as _triton  # noqa: F401  (registers triton, triton-fp8)
-from attnbench.kernels.registry import (Backend, BackendError, Tensors, all_backends, backend_names,
+from attnbench.kernels.registry import (Backend, BackendError, all_backends, backend_names,
                                         get_backend, register, safe_available)
 
-__all__ = ["Backend", "BackendError", "Tensors", "all_backends", "backend_names", "get_backend", "register",
+__all__ = ["Backend", "BackendError", "all_backends", "backend_names", "get_backend", "register",
            "safe_available"]

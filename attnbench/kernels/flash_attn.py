@@ -27,8 +27,8 @@ import importlib.util
 
 import torch
 
-from attnbench.bench.case import Case
-from attnbench.kernels.registry import Backend, Tensors, register
+from attnbench.case import Case, Tensors
+from attnbench.kernels.registry import Backend, register
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn (OCP FP8 spec); REFERENCES.md
 

@@ -23,7 +23,7 @@ float ``k_scale``/``v_scale`` each (``x ~= x8 * scale``, scale = amax / 448). Fl
 so that multiply is part of the timed call, as it is for FlashInfer's users.
 
 MLA absorbed decode (``flashinfer-mla``): ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` over a paged
-latent cache. The harness's MLA case (``attnbench.bench.case``) is already absorbed: q (B, H, 1, d_c + d_h^R),
+latent cache. The harness's MLA case (``attnbench.case``) is already absorbed: q (B, H, 1, d_c + d_h^R),
 one latent "head" k (B, 1, Skv, d_c + d_h^R) whose first d_c dims are also the value. :meth:`build` splits
 them into the wrapper's four tensors, q_nope (B, H, d_c), q_pe (B, H, d_h^R), ckv pages
 (num_pages, page_size, d_c) and kpe pages (num_pages, page_size, d_h^R), and plans with ``qo_indptr =
@@ -54,9 +54,9 @@ from typing import Callable
 
 import torch
 
-from attnbench.bench.case import Case
+from attnbench.case import Case, Tensors
 from attnbench.kernels.flash_attn import quantize_e4m3
-from attnbench.kernels.registry import Backend, Tensors, register
+from attnbench.kernels.registry import Backend, register
 
 DEFAULT_PAGE_SIZE = 16
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace (split-k partials)

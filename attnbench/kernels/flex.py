@@ -10,8 +10,8 @@ import functools
 
 import torch
 
-from attnbench.bench.case import Case
-from attnbench.kernels.registry import Backend, Tensors, register
+from attnbench.case import Case, Tensors
+from attnbench.kernels.registry import Backend, register
 
 
 @functools.cache

@@ -28,24 +28,13 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import re
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 
-from attnbench.bench.case import Case
+from attnbench.case import Case, Tensors
 
 ENTRY_POINT_GROUP = "attnbench.backends"
-
-
-@dataclass
-class Tensors:
-    """Inputs of one case in BHSD layout; ``dout`` is set for fwd_bwd."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    dout: torch.Tensor | None = None
 
 
 class Backend:

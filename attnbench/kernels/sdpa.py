@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.kernels.registry import Backend, register
 
 

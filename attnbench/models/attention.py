@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.kernels.registry import get_backend
 from attnbench.models.rope import apply_rope
 

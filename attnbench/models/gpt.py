@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnbench.bench.case import LAYOUTS
+from attnbench.case import LAYOUTS
 from attnbench.bench.conventions import forward_flops
-from attnbench.config import ConfigError
-from attnbench.keys import reject_unknown_keys
+from attnbench.errors import ConfigError
+from attnbench.errors import reject_unknown_keys
 from attnbench.models.attention import GroupedQueryAttention, MultiHeadLatentAttention
 from attnbench.models.rope import RopeConfig, RopeConfigError, rope_cos_sin, rope_frequencies
 

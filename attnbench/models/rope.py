@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from attnbench.keys import reject_unknown_keys
+from attnbench.errors import reject_unknown_keys
 
 METHODS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
 

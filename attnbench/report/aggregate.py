@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.bench.results import COLUMNS, ResultsError, to_frame, validate_rows
-from attnbench.report.schema import validate_frame
+from attnbench.bench.schema import validate_frame
 
 # CSV carries no types: string columns are read as strings ("1.0" stays a driver version, not a number).
 _STRINGS = {name: "string" for name, (kind, _) in COLUMNS.items() if kind == "string"}

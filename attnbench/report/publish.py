@@ -55,7 +55,8 @@ def publish(results_dir: str | Path, env_dir: str | Path, out: str | Path, *, pr
     provenance = json.loads((env_dir / "versions.json").read_text())
     ceilings = json.loads((env_dir / "ceilings.json").read_text())
     merged = pd.read_parquet(results_dir / "microbench.parquet")
-    index = json.loads((results_dir / "tables" / "index.json").read_text())
+    tables_dir, figures_dir = results_dir / "microbench" / "tables", results_dir / "microbench" / "figures"
+    index = json.loads((tables_dir / "index.json").read_text())
     mode = wandb_mode()
     run = wandb.init(project=project, entity=entity, mode=mode, dir=os.environ["WANDB_DIR"],
                      job_type="microbench-sweep", name=f"{config['sweep']}-{provenance.get('git_sha', 'unknown')}",
@@ -63,9 +64,9 @@ def publish(results_dir: str | Path, env_dir: str | Path, out: str | Path, *, pr
                      config={"sweep": config, "provenance": provenance, "ceilings": ceilings})
     logged = {"tables/results": _table(merged)}
     for name, entry in index.items():
-        logged[f"tables/{name}"] = _table(pd.read_csv(results_dir / "tables" / f"{name}.csv"))
+        logged[f"tables/{name}"] = _table(pd.read_csv(tables_dir / f"{name}.csv"))
         run.summary[f"captions/{name}"] = entry["caption"]
-    for png in sorted((results_dir / "figures").glob("*.png")):
+    for png in sorted(figures_dir.glob("*.png")):
         logged[f"figures/{png.stem}"] = wandb.Image(str(png))
     run.log(logged)
     counts = merged.groupby("status").size().to_dict()
@@ -73,8 +74,8 @@ def publish(results_dir: str | Path, env_dir: str | Path, out: str | Path, *, pr
     artifact = wandb.Artifact(f"attnbench-{config['sweep']}", type="results",
                               description="attnbench microbench results, tables, figures and environment")
     artifact.add_file(str(results_dir / "microbench.parquet"))
-    artifact.add_dir(str(results_dir / "tables"), name="tables")
-    artifact.add_dir(str(results_dir / "figures"), name="figures")
+    artifact.add_dir(str(tables_dir), name="tables")
+    artifact.add_dir(str(figures_dir), name="figures")
     artifact.add_dir(str(env_dir), name="env")
     run.log_artifact(artifact)
     receipt = {"mode": mode, "project": project, "entity": entity, "run_id": run.id, "run_name": run.name,

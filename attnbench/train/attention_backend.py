@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from attnbench.bench.case import Case
+from attnbench.case import Case
 from attnbench.kernels.registry import all_backends, get_backend, safe_available
 
 

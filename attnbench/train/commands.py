@@ -4,8 +4,8 @@
       one run: ``base`` (pretrain.model/train/data as configured) or any run an
       experiment plans (``attnbench experiment list`` prints the names); resumes a
       killed run from its checkpoint, skips a finished one
-  attnbench experiment list   --config FILE [--name EXP]
-  attnbench experiment run    --config FILE --name EXP --out DIR [--ceilings FILE] [--threads N]
+  attnbench experiment list   --config FILE
+  attnbench experiment run    --job FILE --out DIR [--ceilings FILE] [--threads N]
   attnbench experiment report --name EXP --in DIR --out DIR
 """
 from __future__ import annotations
@@ -13,17 +13,14 @@ from __future__ import annotations
 import json
 import sys
 
-from attnbench.config import ConfigError, load_config, resolve_device
+from attnbench.errors import ConfigError
 
 
-def _setup(args) -> tuple[dict, str]:
-    config = load_config(args.config)
-    device = resolve_device(config)[0] if not args.device else args.device
-    if device == "cpu":
+def _threads(device: str, threads: int | None) -> None:
+    if device == "cpu" and threads:
         import torch  # here, not at the top: building the parser needs no torch
 
-        torch.set_num_threads(args.threads or config["pretrain"]["threads"])
-    return config, device
+        torch.set_num_threads(threads)
 
 
 def _peak_cache(args) -> dict:
@@ -37,32 +34,35 @@ def _peak_cache(args) -> dict:
     return {d: ceilings.peak_flops(d) for d in {get_precision(p).matmul_dtype for p in PRECISIONS}}
 
 
-def _find_run(config: dict, name: str, device: str):
+def _find_run(plan, name: str):
     from attnbench.train import experiments as ex
     from attnbench.train.loop import RunSpec
 
+    pre = plan.view["pretrain"]
     if name == "base":
-        model, tcfg, data = ex.base_configs(ex.settings(config, device))
+        model, tcfg, data = ex.base_configs(pre)
         return RunSpec("base", model, tcfg, data, {"experiment": "base"})
     exp = name.split("/", 1)[0]
     if exp not in ex.EXPERIMENTS:
         raise ConfigError(f"--run {name!r}: allowed: base, or <experiment>/<run> with experiment one of "
                           f"{', '.join(ex.EXPERIMENTS)} (attnbench experiment list)")
-    specs = {s.name: s for s in ex.plan(config, exp, device)}
+    specs = {s.name: s for s in ex.plan_runs(pre, exp)}
     if name not in specs:
         raise ConfigError(f"--run {name!r} is not planned; allowed: {', '.join(specs)}")
     return specs[name]
 
 
 def _cmd_train(args) -> int:
+    from attnbench.plan import load_plan
     from attnbench.train.experiments import peak_flops_for
     from attnbench.train.loop import train
     from attnbench.train.precision import get_precision
 
-    config, device = _setup(args)
-    spec = _find_run(config, args.run, device)
-    peak = peak_flops_for(device, get_precision(spec.train.precision).matmul_dtype, _peak_cache(args))
-    summary = train(spec, args.out, device, peak_flops=peak, progress=not args.no_progress)
+    plan = load_plan(args.config, args.device)
+    _threads(plan.device, args.threads or plan.view["pretrain"]["threads"])
+    spec = _find_run(plan, args.run)
+    peak = peak_flops_for(plan.device, get_precision(spec.train.precision).matmul_dtype, _peak_cache(args))
+    summary = train(spec, args.out, plan.device, peak_flops=peak, progress=not args.no_progress)
     keys = ("run", "status", "reason", "steps_done", "final_val_loss", "spike_score_loss", "spike_score_grad",
             "nonfinite_steps", "tokens_per_s", "tokens_per_s_iqr", "mfu")
     print(json.dumps({k: summary.get(k) for k in keys}, default=str))
@@ -73,19 +73,24 @@ def _cmd_experiment(args) -> int:
     from attnbench.train import experiments as ex
 
     if args.action == "report":
-        from attnbench.train.figures import render
+        from attnbench.report.pretrain import render
 
         for path in render(args.name, args.input, args.out):
             print(path)
         return 0
-    config, device = _setup(args)
     if args.action == "list":
-        for name in [args.name] if args.name else ex.EXPERIMENTS:
-            for spec in ex.plan(config, name, device):
+        from attnbench.plan import load_plan
+
+        plan = load_plan(args.config, args.device)
+        for name in ex.EXPERIMENTS:
+            for spec in ex.plan_runs(plan.view["pretrain"], name):
                 print(spec.name)
         return 0
-    frames = ex.run_experiment(config, args.name, args.out, device, progress=not args.no_progress,
-                               peak_cache=_peak_cache(args))
+    from attnbench.plan import read_job
+
+    job = read_job(args.job, ("pretrain",))
+    _threads(job["device"], args.threads or job["threads"])
+    frames = ex.run_experiment(job, args.out, progress=not args.no_progress, peak_cache=_peak_cache(args))
     runs = frames["runs"]
     cols = [c for c in ("run", "status", "final_val_loss", "spike_score_loss", "tokens_per_s", "tokens_per_s_iqr",
                         "mfu") if c in runs]
@@ -100,13 +105,16 @@ def add_commands(sub) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--run", required=True, help="base, or <experiment>/<run> (attnbench experiment list)")
     p.add_argument("--out", required=True, help="the run directory")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: the config's device")
     _common(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("experiment", help="plan, run or report a pretraining experiment")
     p.add_argument("action", choices=["list", "run", "report"])
-    p.add_argument("--config", help="needed by list and run")
-    p.add_argument("--name", choices=EXPERIMENTS)
+    p.add_argument("--config", help="list: the config whose runs are listed")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="list: plan this device (default: the config's)")
+    p.add_argument("--job", help="run: the experiment's plan file, results/<sweep>/plan/pretrain/<experiment>.json")
+    p.add_argument("--name", choices=EXPERIMENTS, help="report: the experiment")
     p.add_argument("--out", help="run: the experiment directory; report: the folder for tables/ and figures/")
     p.add_argument("--in", dest="input", help="report: the experiment directory that run wrote")
     _common(p)
@@ -114,14 +122,13 @@ def add_commands(sub) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: the config's device")
     p.add_argument("--ceilings", help="ceilings JSON (attnbench ceilings) for MFU; default: measure the matmul rate")
     p.add_argument("--threads", type=int, help="torch CPU threads; default: pretrain.threads")
     p.add_argument("--no-progress", action="store_true")
 
 
 def _check_experiment_args(args) -> int:
-    need = {"list": ["config"], "run": ["config", "name", "out"], "report": ["name", "input", "out"]}[args.action]
+    need = {"list": ["config"], "run": ["job", "out"], "report": ["name", "input", "out"]}[args.action]
     missing = [n for n in need if not getattr(args, n)]
     if missing:
         flag = {"input": "--in"}.get(missing[0], f"--{missing[0]}")

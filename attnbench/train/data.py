@@ -19,6 +19,7 @@ Validation windows are fixed, evenly spaced and shared by every run.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnbench.config import ConfigError
+from attnbench.errors import ConfigError, reject_unknown_keys
 from attnbench.data import CORPORA
 
 SOURCES = ("shakespeare", "file", "synthetic")
@@ -60,8 +61,11 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "DataConfig":
+        reject_unknown_keys(values, [f.name for f in dataclasses.fields(cls)], "data")
         values = dict(values)
         if isinstance(values.get("synthetic"), dict):
+            reject_unknown_keys(values["synthetic"], [f.name for f in dataclasses.fields(SyntheticConfig)],
+                                "data.synthetic")
             values["synthetic"] = SyntheticConfig(**values["synthetic"])
         return cls(**values)
 

@@ -21,10 +21,10 @@ GPU), so one config describes both the CPU default and the GPU scale.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnbench.bench.case import LAYOUTS
-from attnbench.bench.failures import classify, first_line
+from attnbench.case import LAYOUTS
+from attnbench.failures import classify, first_line
 from attnbench.bench.results import write_atomic
-from attnbench.config import ConfigError
+from attnbench.errors import ConfigError
 from attnbench.models.gpt import GPTConfig, count_params, match_params
 from attnbench.train import stability
 from attnbench.train.data import DataConfig
@@ -44,24 +44,6 @@ from attnbench.train.loop import RunSpec, TrainConfig, train
 from attnbench.train.precision import get_precision
 
 EXPERIMENTS = ("divergence", "lr_sensitivity", "fp8", "layouts")
-DTYPE_OF = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def settings(config: dict, device: str) -> dict:
-    """The pretrain section for ``device``: on cuda, ``pretrain.cuda`` merged over data/model/train/experiments."""
-    pre = copy.deepcopy(config["pretrain"])
-    cuda = pre.pop("cuda", {})
-    if device == "cuda":
-        for key in ("data", "model", "train", "experiments"):
-            pre[key] = deep_merge(pre.get(key, {}), cuda.get(key, {}))
-    return pre
 
 
 def base_configs(pre: dict) -> tuple[GPTConfig, TrainConfig, DataConfig]:
@@ -76,15 +58,45 @@ def _snapshot_steps(steps: int, count: int) -> tuple[int, ...]:
     return tuple(sorted({int(round(x)) for x in np.linspace(0, steps, count + 1)}))
 
 
-def plan(config: dict, name: str, device: str) -> list[RunSpec]:
-    """The runs of experiment ``name`` on ``device``."""
+def plan_runs(pre: dict, name: str) -> list[RunSpec]:
+    """The runs of experiment ``name``, from the pretrain section as the run's device sees it
+    (:func:`attnbench.plan.device_view`)."""
     if name not in EXPERIMENTS:
         raise ConfigError(f"experiment={name!r} is not known; allowed: {', '.join(EXPERIMENTS)}")
-    pre = settings(config, device)
     model, tcfg, data = base_configs(pre)
     exp = pre["experiments"][name]
     return {"divergence": _plan_divergence, "lr_sensitivity": _plan_lr, "fp8": _plan_fp8,
             "layouts": _plan_layouts}[name](model, tcfg, data, exp)
+
+
+def plan_experiments(pre: dict) -> dict[str, list[RunSpec]]:
+    """``pretrain.select``: the chosen experiments, each with its chosen runs; every backend name checked.
+
+    Errors name the key under ``pretrain``. Backends are checked against the registry here, at
+    planning time, not when a run starts.
+    """
+    from attnbench.kernels.registry import backend_names
+
+    known = backend_names()
+    try:
+        plans = {name: plan_runs(pre, name) for name in pre["select"]["experiments"]}
+    except ConfigError as err:
+        raise ConfigError(f"pretrain.{err}") from None
+    names = [s.name for runs in plans.values() for s in runs]
+    unknown = sorted(set(pre["select"]["runs"]) - set(names))
+    if unknown:
+        raise ConfigError(f"pretrain.select.runs: {unknown[0]!r} is not a planned run; allowed: {', '.join(names)}")
+    for runs in plans.values():
+        for spec in runs:
+            for backend in [spec.model.backend, *spec.train.backend_candidates]:
+                if backend != "auto" and backend not in known:
+                    raise ConfigError(f"pretrain: run {spec.name} names backend={backend!r}, which is not known; "
+                                      f"allowed: auto, {', '.join(known)}")
+    if pre["select"]["runs"]:
+        keep = set(pre["select"]["runs"])
+        plans = {name: [s for s in runs if s.name in keep] for name, runs in plans.items()}
+        plans = {name: runs for name, runs in plans.items() if runs}
+    return plans
 
 
 def _spec(name: str, model: GPTConfig, tcfg: TrainConfig, data: DataConfig, experiment: str, **tags) -> RunSpec:
@@ -159,28 +171,34 @@ def peak_flops_for(device: str, matmul_dtype: str, cache: dict) -> float:
     return cache[matmul_dtype]
 
 
-def run_experiment(config: dict, name: str, out_dir: str | Path, device: str, *, progress: bool = True,
+def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
                    peak_cache: dict | None = None) -> dict[str, pd.DataFrame]:
-    """Train every run of ``name`` (finished runs are kept, killed ones resume), then write the frames.
+    """Train every run of an experiment job (``plan/pretrain/<experiment>.json``; finished runs are kept,
+    killed ones resume), then write the frames.
 
     Writes ``steps.parquet`` (every run's step log), ``runs.parquet`` (one summary per
-    run) and, for divergence, ``divergence.parquet`` and ``numerics.parquet``.
+    run) and, for divergence, ``divergence.parquet`` and ``numerics.parquet``. With the job's
+    ``time_limit_s``, runs still going at the limit end ``truncated`` (and resume next time);
+    runs not started by then are ``skipped`` rows. With ``compile_fallback``, a compiled run that
+    raises is run again uncompiled.
     """
     out = Path(out_dir)
-    specs = plan(config, name, device)
+    name, device = job["experiment"], job["device"]
+    specs = [RunSpec.from_dict(d) for d in job["runs"]]
     cache = {} if peak_cache is None else peak_cache  # matmul ceilings, measured once per process
+    limit = job.get("time_limit_s")
+    deadline = time.monotonic() + limit if limit else None
     summaries, steps = [], []
     for spec in specs:
+        if deadline is not None and time.monotonic() > deadline:
+            summaries.append({"run": spec.name, **spec.tags, "status": "skipped",
+                              "reason": f"not started: the experiment's time_limit_s={limit:g} had passed"})
+            continue
         precision = get_precision(spec.train.precision)
         peak = peak_flops_for(device, precision.matmul_dtype, cache)
         print(f"attnbench experiment {name}: {spec.name}", file=sys.stderr, flush=True)
-        try:
-            summary = train(spec, run_dir(out, spec), device, peak_flops=peak, progress=progress)
-        except Exception as err:  # one failing run (OOM, a compile error) is a row, not the end of the sweep
-            traceback.print_exc()
-            summary = {"run": spec.name, **spec.tags, "status": "error",
-                       "reason": first_line(err)}
-        summaries.append(summary)
+        summaries.append(_train_guarded(spec, run_dir(out, spec), device, peak, progress, deadline,
+                                        job.get("compile_fallback", False)))
         path = run_dir(out, spec) / "steps.parquet"
         if path.is_file():
             steps.append(pd.read_parquet(path).assign(**{k: str(v) for k, v in spec.tags.items()}))
@@ -188,10 +206,30 @@ def run_experiment(config: dict, name: str, out_dir: str | Path, device: str, *,
               "steps": pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()}
     if name == "divergence":
         frames["divergence"] = divergence_frame(specs, out, device)
-        frames["numerics"] = numerics_frame(config, device)
+        frames["numerics"] = numerics_frame(specs, device)
     for key, frame in frames.items():
         write_atomic(frame, out / f"{key}.parquet")
     return frames
+
+
+def _train_guarded(spec: RunSpec, folder: Path, device: str, peak: float, progress: bool, deadline: float | None,
+                   compile_fallback: bool) -> dict:
+    """One run; an exception is a summary row (a failing run never ends the experiment)."""
+    try:
+        try:
+            return train(spec, folder, device, peak_flops=peak, progress=progress, deadline=deadline)
+        except Exception as err:
+            if not (compile_fallback and spec.train.compile):
+                raise
+            traceback.print_exc()
+            note = f"compiled run failed ({first_line(err)}); ran uncompiled"
+            print(f"{spec.name}: {note}", file=sys.stderr, flush=True)
+            uncompiled = dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile=False))
+            summary = train(uncompiled, folder, device, peak_flops=peak, progress=progress, deadline=deadline)
+            return {**summary, "reason": "; ".join(r for r in (summary.get("reason"), note) if r)}
+    except Exception as err:  # one failing run (OOM, a compile error) is a row, not the end of the sweep
+        traceback.print_exc()
+        return {"run": spec.name, **spec.tags, "status": "error", "reason": first_line(err)}
 
 
 def divergence_frame(specs: list[RunSpec], out: Path, device: str = "cpu") -> pd.DataFrame:
@@ -241,22 +279,20 @@ def loss_divergence_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def numerics_frame(config: dict, device: str) -> pd.DataFrame:
+def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:
     """Each divergence backend's output and gradient error against fp64 at the model's attention shape."""
     from attnbench.bench.numerics import baselines, check_numerics
     from attnbench.kernels.registry import get_backend
+    from attnbench.models.gpt import GPT
 
-    specs = plan(config, "divergence", device)
     ref = specs[0]
     with torch.device("meta"):
-        from attnbench.models.gpt import GPT
-
         attn = GPT(ref.model).blocks[0].attn
     backends = [s.model.backend for s in specs if s.tags["swap"] in ("reference", "backend")]
-    precisions = sorted({s.train.precision for s in specs} & set(DTYPE_OF))
+    precisions = sorted({s.train.precision for s in specs} & {"fp32", "fp16", "bf16"})
     rows = []
     for precision in precisions:
-        case = attn.case(ref.train.batch_size, ref.train.seq_len, DTYPE_OF[precision], "fwd_bwd")
+        case = attn.case(ref.train.batch_size, ref.train.seq_len, precision, "fwd_bwd")
         base = baselines(case, device, seed=ref.train.seed)
         for name in backends:
             backend = get_backend(name)

@@ -39,8 +39,8 @@ import torch
 
 from attnbench.bench.provenance import environment, timestamp
 from attnbench.bench.results import write_atomic
-from attnbench.config import ConfigError
-from attnbench.keys import reject_unknown_keys
+from attnbench.errors import ConfigError
+from attnbench.errors import reject_unknown_keys
 from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.train import stability
 from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend
@@ -104,6 +104,13 @@ class RunSpec:
     def to_dict(self) -> dict:
         return {"name": self.name, "model": self.model.to_dict(), "train": dataclasses.asdict(self.train),
                 "data": dataclasses.asdict(self.data), "tags": self.tags}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunSpec":
+        """The inverse of :meth:`to_dict` (a job's plan file holds its runs this way)."""
+        reject_unknown_keys(values, ("name", "model", "train", "data", "tags"), "run")
+        return cls(values["name"], GPTConfig.from_dict(values["model"]), TrainConfig.from_dict(values["train"]),
+                   DataConfig.from_dict(values["data"]), dict(values["tags"]))
 
     @property
     def config_hash(self) -> str:
@@ -309,11 +316,9 @@ class Run:
 
 
 def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops: float | None = None,
-          progress: bool = True, stop_after: int | None = None, deadline: float | None = None) -> dict:
+          progress: bool = True, deadline: float | None = None) -> dict:
     """Train ``spec`` into ``out_dir`` (resuming if a checkpoint is there); return the summary.
 
-    ``stop_after`` ends the process's work after that many steps without a summary,
-    as a kill would (tests use it to check that resuming repeats the trajectory).
     ``deadline`` (a ``time.monotonic()`` value) ends the run early with status
     ``truncated`` and a full summary of the steps done, for time-boxed sweeps.
     ``peak_flops`` is the measured matmul ceiling for this precision (MFU is NaN without it).
@@ -357,8 +362,6 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
     bar = Progress(spec.name, spec.train.steps, start, progress)
     status, reason = "ok", ""
     for step in range(start, spec.train.steps):
-        if stop_after is not None and step - start >= stop_after:
-            return {}
         row = run.step(step, data)
         counters["consecutive_nonfinite"] = counters["consecutive_nonfinite"] + 1 if row["nonfinite"] else 0
         updates = step + 1

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnbench.bench.failures import first_line
+from attnbench.failures import first_line
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-rowwise", "mxfp8")
 STATS_RECIPES = ("tensorwise", "rowwise", "mxfp8", "mxfp8-floor")

@@ -33,7 +33,8 @@ from attnbench.report import figures, tables
 
 RESULTS = Path(os.environ.get("ATTNBENCH_RESULTS", "results/default"))
 df = pd.read_parquet(RESULTS / "microbench.parquet")
-index = json.loads((RESULTS / "tables" / "index.json").read_text())
+TABLES = RESULTS / "microbench" / "tables"
+index = json.loads((TABLES / "index.json").read_text())
 ok = df[df["status"] == "ok"]
 
 
@@ -46,7 +47,7 @@ def show(fig):
 
 
 def table(name: str):
-    display(Markdown((RESULTS / "tables" / f"{name}.md").read_text()))
+    display(Markdown((TABLES / f"{name}.md").read_text()))
 
 
 def pct(x: float) -> str:
@@ -191,7 +192,7 @@ table("err_ratio")
 # ## Every case's winner
 
 # %%
-wins = pd.read_csv(RESULTS / "tables" / "winners.csv")
+wins = pd.read_csv(TABLES / "winners.csv")
 if "winner" in wins:
     summary = wins.groupby(["mode", "bound", "winner"]).size().rename("cases won").reset_index()
     display(Markdown("Cases won per backend and roofline side:\n\n" + summary.to_markdown(index=False)))

@@ -1,60 +1,59 @@
-# Aggregation: validate and join every results file (adapters' and rule backends'), then write
-# the paper-style tables (md, tex, csv) and the figures (png, svg).
-from pathlib import Path
-
+# Aggregation: validate and join every microbench results file (the adapters' jobs and the rule backends'),
+# then write the paper-style tables (md, tex, csv) and the figures (png, svg).
 from attnbench.report.figures import FIGURE_NAMES
 from attnbench.report.figures import FORMATS as FIGURE_FORMATS
 from attnbench.report.tables import FORMATS as TABLE_FORMATS
 from attnbench.report.tables import TABLE_NAMES
 
+MICROBENCH_TABLES = P.STAGE_TABLES.format(stage="microbench")
+MICROBENCH_FIGURES = P.STAGE_FIGURES.format(stage="microbench")
+MICROBENCH_RESULTS = [P.MICROBENCH.format(group=g) for g in PLAN.microbench] + [
+    P.MICROBENCH_RULE.format(backend=b, group=g) for b, groups in PLAN.rule_backends.items() for g in groups]
+
 
 rule aggregate:
     input:
-        results=lambda wildcards: RESULT_FILES,
+        results=MICROBENCH_RESULTS,
     output:
-        merged=MERGED,
-        index=TABLE_INDEX,
+        merged=P.MERGED,
+        index=P.STAGE_INDEX.format(stage="microbench"),
         tables=[
             report(
-                f"{TABLES}/{name}.csv",
+                f"{MICROBENCH_TABLES}/{name}.csv",
                 caption=f"../report/table_{name}.rst",
-                category="Tables",
+                category="Microbenchmarks",
                 labels={"table": name},
             )
             for name in TABLE_NAMES
         ],
         other_tables=expand(
-            f"{TABLES}/{{name}}.{{ext}}",
+            f"{MICROBENCH_TABLES}/{{name}}.{{ext}}",
             name=TABLE_NAMES,
             ext=[e for e in TABLE_FORMATS if e != "csv"],
         ),
         figures=[
             report(
-                f"{FIGURES}/{name}.png",
+                f"{MICROBENCH_FIGURES}/{name}.png",
                 caption=f"../report/figure_{name}.rst",
-                category="Figures",
+                category="Microbenchmarks",
                 labels={"figure": name},
             )
             for name in FIGURE_NAMES
         ],
         other_figures=expand(
-            f"{FIGURES}/{{name}}.{{ext}}",
+            f"{MICROBENCH_FIGURES}/{{name}}.{{ext}}",
             name=FIGURE_NAMES,
             ext=[e for e in FIGURE_FORMATS if e != "png"],
         ),
     log:
-        f"{LOGS}/aggregate.log",
+        f"{P.LOGS}/aggregate.log",
     benchmark:
-        f"{BENCHMARKS}/aggregate.tsv"
+        f"{P.BENCHMARKS}/aggregate.tsv"
     params:
-        tables=lambda wildcards, output: Path(output.index).parent,
-        figures=lambda wildcards, output: Path(output.figures[0]).parent,
+        tables=MICROBENCH_TABLES,
+        figures=MICROBENCH_FIGURES,
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench aggregate --merged {output.merged} --tables {params.tables} --figures {params.figures} "
-        "{input.results} > {log} 2>&1"
-
-
-STAGE_TARGETS.extend([MERGED, TABLE_INDEX])
-REPORT_INPUTS.extend([MERGED, TABLE_INDEX])
+        "attnbench aggregate --merged {output.merged:q} --tables {params.tables:q} --figures {params.figures:q} "
+        "{input.results:q} > {log:q} 2>&1"

@@ -1,129 +1,118 @@
 # Context extension (docs/context.md). Capability: one `attnbench context pretrain` job (a tiny GPT at
 # context.capability.train_len), then one `attnbench context evaluate` job per RoPE method (its variants
-# with and without a short fine-tune, scored at every evaluation length). Cost: one `attnbench context
-# cost` job per context.cost.<device> group (the microbench harness at extended lengths, with peak
-# memory and oom rows) and the RoPE table/rotation timing. Then the PI- and YaRN-shaped tables.
-from pathlib import Path
-
-from attnbench.context.experiment import capability_spec
-
-CONTEXT = f"{RESULTS}/context"
-CONTEXT_METHODS = capability_spec(SWEEP.config["context"], SWEEP.device)["methods"]
-CONTEXT_COST_GROUPS = list(SWEEP.config["context"]["cost"][SWEEP.device]["groups"])
+# with and without a short fine-tune, scored at every evaluation length). Cost: one microbench job per
+# context.cost.<device> group (extended lengths, peak memory, oom rows) and the RoPE table/rotation timing.
+# Then the PI- and YaRN-shaped tables.
+CONTEXT = f"{P.RESULTS}/context"
+CONTEXT_METHODS = PLAN.capability["methods"] if PLAN.capability else []
 CONTEXT_TABLES = [f"{CONTEXT}/tables/{name}.md" for name in
                   ("perplexity_sliding", "perplexity_truncated", "passkey", "cost", "rope_overhead")]
-# The capability jobs train tiny models: one thread each, so they run side by side on a CPU; timing
-# jobs (cost, rope overhead) take every core, as the microbench jobs do.
-CONTEXT_TRAIN_THREADS = JOB_THREADS if ON_GPU else 1
-CONTEXT_LEASE = "attnbench lease --" if ON_GPU else ""
 
 
 rule context_pretrain:
     input:
-        config=ENV_CONFIG,
+        job=job_file("context", "capability-pretrain"),
     output:
-        f"{CONTEXT}/pretrain.pt",
+        P.CONTEXT_CHECKPOINT,
     log:
-        f"{LOGS}/context/pretrain.log",
+        f"{P.LOGS}/context/pretrain.log",
     benchmark:
-        f"{BENCHMARKS}/context/pretrain.tsv"
+        f"{P.BENCHMARKS}/context/pretrain.tsv"
     params:
-        lease=CONTEXT_LEASE,
-    threads: CONTEXT_TRAIN_THREADS
+        lease=LEASE,
+    # training, not timing: one thread on a CPU, so the capability jobs run side by side
+    threads: JOB_THREADS if ON_GPU else 1
     resources:
         gpu=int(ON_GPU),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context pretrain --config {input.config} --threads {threads} "
-        "--out {output} > {log} 2>&1"
+        "{params.lease} attnbench context pretrain --job {input.job:q} --threads {threads} --out {output:q} "
+        "> {log:q} 2>&1"
 
 
 rule context_evaluate:
     input:
-        config=ENV_CONFIG,
-        checkpoint=f"{CONTEXT}/pretrain.pt",
+        job=job_file("context", "capability-{method}"),
+        checkpoint=P.CONTEXT_CHECKPOINT,
     output:
-        f"{CONTEXT}/capability/{{method}}.parquet",
+        P.CONTEXT_CAPABILITY,
     log:
-        f"{LOGS}/context/evaluate-{{method}}.log",
+        f"{P.LOGS}/context/evaluate-{{method}}.log",
     benchmark:
-        f"{BENCHMARKS}/context/evaluate-{{method}}.tsv"
+        f"{P.BENCHMARKS}/context/evaluate-{{method}}.tsv"
     wildcard_constraints:
-        method="|".join(CONTEXT_METHODS),
+        method=NAME,
     params:
-        lease=CONTEXT_LEASE,
-    threads: CONTEXT_TRAIN_THREADS
+        lease=LEASE,
+    threads: JOB_THREADS if ON_GPU else 1
     resources:
         gpu=int(ON_GPU),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context evaluate --config {input.config} --checkpoint {input.checkpoint} "
-        "--method {wildcards.method} --threads {threads} --out {output} > {log} 2>&1"
+        "{params.lease} attnbench context evaluate --job {input.job:q} --checkpoint {input.checkpoint:q} "
+        "--threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
 rule context_cost:
     input:
-        config=ENV_CONFIG,
-        ceilings=CEILINGS,
+        job=job_file("context-cost", "{group}"),
+        ceilings=P.CEILINGS,
     output:
-        f"{CONTEXT}/cost/{{group}}.parquet",
+        P.CONTEXT_COST,
     log:
-        f"{LOGS}/context/cost-{{group}}.log",
+        f"{P.LOGS}/context/cost-{{group}}.log",
     benchmark:
-        f"{BENCHMARKS}/context/cost-{{group}}.tsv"
+        f"{P.BENCHMARKS}/context/cost-{{group}}.tsv"
     wildcard_constraints:
-        group="|".join(CONTEXT_COST_GROUPS),
+        group=NAME,
     params:
-        lease=CONTEXT_LEASE,
+        lease=LEASE,
     threads: JOB_THREADS
     resources:
         gpu=int(ON_GPU),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context cost --config {input.config} --group {wildcards.group} "
-        "--ceilings {input.ceilings} --threads {threads} --out {output} > {log} 2>&1"
+        "{params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
+        "attnbench microbench --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule context_rope_overhead:
     input:
-        config=ENV_CONFIG,
+        job=job_file("context", "rope-overhead"),
     output:
-        f"{CONTEXT}/rope_overhead.parquet",
+        P.CONTEXT_ROPE,
     log:
-        f"{LOGS}/context/rope_overhead.log",
+        f"{P.LOGS}/context/rope_overhead.log",
     params:
-        lease=CONTEXT_LEASE,
+        lease=LEASE,
     threads: JOB_THREADS
     resources:
         gpu=int(ON_GPU),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context rope-overhead --config {input.config} --threads {threads} "
-        "--out {output} > {log} 2>&1"
+        "{params.lease} attnbench context rope-overhead --job {input.job:q} --threads {threads} --out {output:q} "
+        "> {log:q} 2>&1"
 
 
 rule context_tables:
     input:
-        capability=expand(f"{CONTEXT}/capability/{{method}}.parquet", method=CONTEXT_METHODS),
-        cost=expand(f"{CONTEXT}/cost/{{group}}.parquet", group=CONTEXT_COST_GROUPS),
-        rope=f"{CONTEXT}/rope_overhead.parquet",
+        capability=expand(P.CONTEXT_CAPABILITY, method=CONTEXT_METHODS),
+        cost=expand(P.CONTEXT_COST, group=list(PLAN.context_cost)),
+        rope=P.CONTEXT_ROPE,
     output:
         CONTEXT_TABLES,
         capability=f"{CONTEXT}/tables/capability.parquet",
         cost=f"{CONTEXT}/tables/cost.parquet",
     log:
-        f"{LOGS}/context/tables.log",
+        f"{P.LOGS}/context/tables.log",
     params:
-        folder=lambda wildcards, output: Path(output.capability).parent,
+        folder=f"{CONTEXT}/tables",
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench context tables --capability {input.capability} --cost {input.cost} "
-        "--rope-overhead {input.rope} --out-dir {params.folder} > {log} 2>&1"
-
-
-STAGE_TARGETS.extend(CONTEXT_TABLES)
+        "attnbench context tables --capability {input.capability:q} --cost {input.cost:q} "
+        "--rope-overhead {input.rope:q} --out-dir {params.folder:q} > {log:q} 2>&1"

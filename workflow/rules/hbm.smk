@@ -1,95 +1,78 @@
-# HBM traffic (docs/hbm.md): one `attnbench hbm` job per (hbm group, backend), each timing its cases and
-# running one Nsight Compute process; then the merged table, the KV / training-step byte ledger and the
-# figures. Without a GPU or ncu the jobs write rows with status unavailable and the reason, so the CPU
-# sweep builds the same files.
+# HBM traffic (docs/hbm.md): one `attnbench hbm` job per (hbm group, backend) on a GPU, each timing its cases
+# and running one Nsight Compute process; then the merged table, the KV / training-step byte ledger and the
+# figures. Without a GPU or ncu the jobs write rows with status unavailable and the reason (one job per
+# group), so the CPU sweep builds the same files.
 import os
-import re
 
-from attnbench.hbm.figures import FIGURES as HBM_FIGURES
-from attnbench.hbm.plan import hbm_plan
+from attnbench.report.hbm import FIGURES as HBM_FIGURES
 
-HBM_PLAN = hbm_plan(SWEEP.config)
-HBM = f"{RESULTS}/hbm"
-HBM_TABLE = f"{HBM}/hbm.parquet"
-HBM_LEDGER = f"{HBM}/ledger.parquet"
-HBM_FIGURE_FILES = [f"{HBM}/figures/{name}" for name in HBM_FIGURES]
-
-
-# On a GPU, one job (one ncu process) per (group, backend), so a backend that hangs costs only its job;
-# without one, nothing is profiled and one job per group ("all" its backends) writes the unavailable rows.
-HBM_JOBS = HBM_PLAN.jobs() if ON_GPU else [(group, "all") for group in HBM_PLAN.groups]
-HBM_PARTS = [f"{HBM}/parts/{group}/{backend}.parquet" for group, backend in HBM_JOBS]
-HBM_GROUP_PATTERN = "|".join(re.escape(g) for g in dict.fromkeys(HBM_PLAN.groups))
-HBM_BACKEND_PATTERN = "|".join(re.escape(b) for b in dict.fromkeys(b for _, b in HBM_JOBS))
+HBM_PARTS = [P.HBM_PART.format(group=job.name.split("/")[0], backend=job.name.split("/")[1])
+             for job in PLAN.jobs() if job.stage == "hbm" and job.name != "ledger"]
+HBM_FIGURE_FILES = [f"{P.RESULTS}/hbm/figures/{name}" for name in HBM_FIGURES]
 
 
 rule hbm:
     input:
-        config=ENV_CONFIG,
-        ceilings=CEILINGS,
+        job=job_file("hbm", "{group}/{backend}"),
+        ceilings=P.CEILINGS,
     output:
-        f"{HBM}/parts/{{group}}/{{backend}}.parquet",
+        P.HBM_PART,
     log:
-        f"{LOGS}/hbm/{{group}}/{{backend}}.log",
+        f"{P.LOGS}/hbm/{{group}}/{{backend}}.log",
     benchmark:
-        f"{BENCHMARKS}/hbm/{{group}}/{{backend}}.tsv"
+        f"{P.BENCHMARKS}/hbm/{{group}}/{{backend}}.tsv"
     wildcard_constraints:
-        group=HBM_GROUP_PATTERN,
-        backend=HBM_BACKEND_PATTERN,
+        group=NAME,
+        backend=NAME,
     params:
-        lease="attnbench lease --" if ON_GPU else "",
-        backends=lambda w: "" if w.backend == "all" else f"--backend {w.backend}",
+        lease=LEASE,
     threads: JOB_THREADS
     resources:
         gpu=int(ON_GPU),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench hbm --config {input.config} --group {wildcards.group} {params.backends} "
-        "--ceilings {input.ceilings} --out {output} > {log} 2>&1"
+        "{params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule hbm_table:
     input:
         HBM_PARTS,
     output:
-        HBM_TABLE,
+        P.HBM_TABLE,
     log:
-        f"{LOGS}/hbm/table.log",
+        f"{P.LOGS}/hbm/table.log",
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench hbm-table --out {output} {input} > {log} 2>&1"
+        "attnbench hbm-table --out {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule hbm_ledger:
     input:
-        config=ENV_CONFIG,
-        hbm=HBM_TABLE,
+        job=job_file("hbm", "ledger"),
+        hbm=P.HBM_TABLE,
     output:
-        HBM_LEDGER,
+        P.HBM_LEDGER,
     log:
-        f"{LOGS}/hbm/ledger.log",
+        f"{P.LOGS}/hbm/ledger.log",
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench ledger --config {input.config} --hbm {input.hbm} --out {output} > {log} 2>&1"
+        "attnbench ledger --job {input.job:q} --hbm {input.hbm:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule hbm_figures:
     input:
-        hbm=HBM_TABLE,
-        ledger=HBM_LEDGER,
+        hbm=P.HBM_TABLE,
+        ledger=P.HBM_LEDGER,
     output:
         HBM_FIGURE_FILES,
     log:
-        f"{LOGS}/hbm/figures.log",
+        f"{P.LOGS}/hbm/figures.log",
     params:
         folder=lambda wildcards, output: os.path.dirname(output[0]),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench hbm-figures --hbm {input.hbm} --ledger {input.ledger} --out {params.folder} > {log} 2>&1"
-
-
-STAGE_TARGETS.extend([HBM_TABLE, HBM_LEDGER, *HBM_FIGURE_FILES])
+        "attnbench hbm-figures --hbm {input.hbm:q} --ledger {input.ledger:q} --out {params.folder:q} > {log:q} 2>&1"

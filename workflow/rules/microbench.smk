@@ -1,39 +1,32 @@
-# Microbenchmarks: one job per (Python backend, case group), each a call of `attnbench microbench`
-# under `attnbench guard` (a crashed job becomes error rows, so the sweep goes on). Backends added
-# as rules live in workflow/rules/backends/<name>.smk and are included here.
-from pathlib import Path
+# Microbenchmarks: one job per case group, its Python backends timed in one process under `attnbench guard`
+# (a crashed job becomes error rows, so the sweep goes on). Backends added as rules live in
+# workflow/rules/backends/<name>.smk; the ones the sweep names are included here.
 
 
 rule microbench:
     input:
-        config=ENV_CONFIG,
-        ceilings=CEILINGS,
+        job=job_file("microbench", "{group}"),
+        ceilings=P.CEILINGS,
     output:
-        f"{RESULTS}/microbench/{{backend}}/{{group}}.parquet",
+        P.MICROBENCH,
     log:
-        f"{LOGS}/microbench/{{backend}}/{{group}}.log",
+        f"{P.LOGS}/microbench/{{group}}.log",
     benchmark:
-        f"{BENCHMARKS}/microbench/{{backend}}/{{group}}.tsv"
+        f"{P.BENCHMARKS}/microbench/{{group}}.tsv"
     wildcard_constraints:
-        backend=SWEEP.wildcard_pattern("backend"),
-        group=SWEEP.wildcard_pattern("group"),
+        group=NAME,
     params:
-        lease=GPU_LEASE,
+        lease=LEASE,
     threads: JOB_THREADS
     resources:
         gpu=int(ON_GPU),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench guard {params.lease} --config {input.config} --group {wildcards.group} "
-        "--backend {wildcards.backend} --out {output} -- "
-        "attnbench microbench --config {input.config} --group {wildcards.group} "
-        "--backend {wildcards.backend} --ceilings {input.ceilings} --out {output} > {log} 2>&1"
+        "{params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
+        "attnbench microbench --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 
-for _backend in sorted(RULE_BACKEND_DIR.glob("*.smk")):
+for _backend in PLAN.rule_backends:
 
-    include: str(_backend)
-
-
-STAGE_TARGETS.extend(RESULT_FILES)
+    include: str(RULE_BACKEND_DIR / f"{_backend}.smk")

@@ -1,34 +1,28 @@
-# Publishing (opt-in, never part of `rule all`): `snakemake publish` logs the sweep to Weights &
-# Biases. Offline unless WANDB_API_KEY is set; offline runs land under results/<sweep>/wandb/ and
-# upload later with `wandb sync`. The key is read by wandb from the environment and never logged.
-import shlex
-from pathlib import Path
+# Publishing (opt-in, never part of `rule all`): `snakemake publish` logs the sweep to Weights & Biases.
+# Offline unless WANDB_API_KEY is set; offline runs land under results/<sweep>/wandb/ and upload later with
+# `wandb sync`. The key is read by wandb from the environment and never logged.
+WANDB = PLAN.config["report"]["wandb"]
 
 
 rule publish:
     input:
-        merged=MERGED,
-        tables=lambda wildcards: REPORT_INPUTS,
-        config=ENV_CONFIG,
-        versions=VERSIONS,
-        ceilings=CEILINGS,
-        report=REPORT_HTML,
+        merged=P.MERGED,
+        config=P.ENV_CONFIG,
+        versions=P.VERSIONS,
+        ceilings=P.CEILINGS,
+        report=P.REPORT_HTML,
     output:
-        PUBLISHED,
+        P.PUBLISHED,
     log:
-        f"{LOGS}/publish.log",
+        f"{P.LOGS}/publish.log",
     params:
-        results=lambda wildcards, input: Path(input.merged).parent,
-        env=lambda wildcards, input: Path(input.config).parent,
-        project=SWEEP.config["report"]["wandb"]["project"],
-        entity=(
-            f"--entity {shlex.quote(SWEEP.config['report']['wandb']['entity'])}"
-            if SWEEP.config["report"]["wandb"]["entity"]
-            else ""
-        ),
-        tags=" ".join(f"--tag {shlex.quote(t)}" for t in SWEEP.config["report"]["wandb"]["tags"]),
+        results=P.RESULTS,
+        env=P.ENV,
+        project=WANDB["project"],
+        entity=["--entity", WANDB["entity"]] if WANDB["entity"] else [],
+        tags=[word for tag in WANDB["tags"] for word in ("--tag", tag)],
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench publish --results {params.results} --env {params.env} --project {params.project:q} "
-        "{params.entity} {params.tags} --out {output} > {log} 2>&1"
+        "attnbench publish --results {params.results:q} --env {params.env:q} --project {params.project:q} "
+        "{params.entity:q} {params.tags:q} --out {output:q} > {log:q} 2>&1"

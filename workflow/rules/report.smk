@@ -1,28 +1,32 @@
-# Report: the notebooks under workflow/notebooks/ (jupytext py:percent sources), executed on the
-# aggregated tables into one HTML file with the figures embedded. Stages add their own notebook by
-# appending to REPORT_NOTEBOOKS and the tables it reads to REPORT_INPUTS.
-from pathlib import Path
+# Report: one executed report for the whole sweep (workflow/notebooks/<stage>.py, jupytext py:percent, in
+# data-flow order), rendered from every planned stage's tables and figures into one HTML file.
+from attnbench.report.pretrain import report_files as pretrain_report_files
 
-REPORT_NOTEBOOKS.insert(0, str(Path(workflow.basedir, "workflow", "notebooks", "microbench.py")))
+REPORT_STAGE_FILES = {
+    "microbench": [P.MERGED, P.STAGE_INDEX.format(stage="microbench")] if PLAN.microbench else [],
+    "hbm": [P.HBM_TABLE, P.HBM_LEDGER, *HBM_FIGURE_FILES] if PLAN.hbm else [],
+    "pretrain": [f for e in PLAN.pretrain for f in pretrain_report_files(PRETRAIN, e)],
+    "context": CONTEXT_TABLES if PLAN.capability else [],
+}
+REPORT_NOTEBOOKS = [str(Path(workflow.basedir, "workflow", "notebooks", "microbench.py"))]
 
 
 rule report:
     input:
-        notebooks=lambda wildcards: REPORT_NOTEBOOKS,
-        merged=MERGED,
-        tables=lambda wildcards: REPORT_INPUTS,
+        notebooks=REPORT_NOTEBOOKS,
+        config=P.ENV_CONFIG,
+        versions=P.VERSIONS,
+        ceilings=P.CEILINGS,
+        stages=[f for files in REPORT_STAGE_FILES.values() for f in files],
     output:
-        report(REPORT_HTML, caption="../report/report.rst", category="Report"),
+        report(P.REPORT_HTML, caption="../report/report.rst", category="Report"),
     log:
-        f"{LOGS}/report.log",
+        f"{P.LOGS}/report.log",
     benchmark:
-        f"{BENCHMARKS}/report.tsv"
+        f"{P.BENCHMARKS}/report.tsv"
     params:
-        results=lambda wildcards, input: Path(input.merged).parent,
+        results=P.RESULTS,
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench render --results {params.results} --out {output} {input.notebooks} > {log} 2>&1"
-
-
-STAGE_TARGETS.append(REPORT_HTML)
+        "attnbench render --results {params.results:q} --out {output:q} {input.notebooks:q} > {log:q} 2>&1"

@@ -29,7 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from attnbench.bench.failures import first_line
+from attnbench.failures import first_line
 from attnbench.kernels.triton import backward, forward, tuning
 from attnbench.kernels.triton.fp8 import BLOCK_ROWS
 from attnbench.kernels.triton.sass import OPCODES, opcode_counts

@@ -12,8 +12,8 @@ import importlib.util
 import os
 import sys
 
-from attnbench.bench.case import Case
-from attnbench.kernels.registry import Backend, Tensors, register
+from attnbench.case import Case, Tensors
+from attnbench.kernels.registry import Backend, register
 from attnbench.kernels.triton.fp8 import BLOCK_ROWS, quantize_qkv
 
 INSTALL_HINT = "pip install triton (or attnbench[triton]); kernels need a CUDA GPU, or TRITON_INTERPRET=1 on CPU"

@@ -162,7 +162,7 @@ static void run(const Case *c) {
 
 int main(void) {
     char line[1024];
-    if (!fgets(line, sizeof line, stdin)) return 1; /* header: attnbench.report.ingest.CASE_COLUMNS */
+    if (!fgets(line, sizeof line, stdin)) return 1; /* header: attnbench.workflow.ingest.CASE_COLUMNS */
     printf("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\trel_err\tmax_abs_err\treason\n");
     while (fgets(line, sizeof line, stdin)) {
         Case c;

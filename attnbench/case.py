@@ -123,3 +123,13 @@ class Case:
         return (f"{self.mode} {self.layout} B{self.batch} Hq{self.heads_q} Hkv{self.heads_kv} "
                 f"Sq{self.seq_q} Skv{self.seq_kv} D{self.head_dim_qk}/{self.head_dim_v} "
                 f"{'causal ' if self.causal else ''}{self.dtype}")
+
+
+@dataclass
+class Tensors:
+    """Inputs of one case in BHSD layout; ``dout`` is set for fwd_bwd."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor | None = None

@@ -10,7 +10,7 @@ The contract is two tab-separated files:
   ``unsupported`` (say why in ``reason``) or ``error``.
 
 ``attnbench rule-backend ingest`` turns those lines into results rows: case
-fields from the config, FLOPs/bytes/roofline from :mod:`attnbench.bench.conventions`
+fields from the job's plan file, FLOPs/bytes/roofline from :mod:`attnbench.bench.conventions`
 and the measured ceilings, provenance from this host. A case the command
 printed nothing for becomes an ``error`` row; a command that could not be built
 makes every row ``unavailable`` with the reason given.
@@ -23,30 +23,19 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.bench import conventions
-from attnbench.bench.case import Case
 from attnbench.bench.results import ResultsError, empty_row, to_frame
 
 CASE_COLUMNS = ("case_id", "mode", "layout", "batch", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "seq_q",
                 "seq_kv", "causal", "dtype", "page_size")
 TIMING_COLUMNS = ("case_id", "status", "ms_median", "ms_p20", "ms_p80", "n_reps")
-OPTIONAL_COLUMNS = ("rel_err", "max_abs_err", "reason")
 COMMAND_STATUSES = ("ok", "unsupported", "error")
 
 
-def group_cases(config_path: str, group: str) -> tuple[dict, str, list[Case]]:
-    from attnbench.config import ConfigError, load_config, microbench_plan, resolve_device
+def write_cases(job: dict, out: str | Path) -> int:
+    """The job's cases as TSV (:data:`CASE_COLUMNS`), for the backend's own command to read."""
+    from attnbench.plan import job_cases
 
-    config = load_config(config_path)
-    device = resolve_device(config)[0]
-    plan = microbench_plan(config, device)
-    if group not in plan.groups:
-        raise ConfigError(f"group={group!r} is not in microbench.{device}.groups; allowed: {', '.join(plan.groups)}")
-    return config, device, plan.groups[group]
-
-
-def write_cases(config_path: str, group: str, out: str | Path) -> int:
-    _, _, cases = group_cases(config_path, group)
-    rows = [{"case_id": c.case_id, **c.fields()} for c in cases]
+    rows = [{"case_id": c.case_id, **c.fields()} for c in job_cases(job)]
     df = pd.DataFrame(rows, columns=list(CASE_COLUMNS))
     df["causal"] = df["causal"].astype(int)
     df.to_csv(out, sep="\t", index=False)
@@ -71,20 +60,21 @@ def read_timings(path: str | Path) -> pd.DataFrame:
     return df.drop_duplicates("case_id", keep="last").set_index("case_id")
 
 
-def ingest(config_path: str, group: str, backend: str, *, timings: str | None, ceilings: str | None,
-           version: str, family: str, unavailable: str | None = None) -> pd.DataFrame:
-    """Results rows for every case of ``group``: measured, refused, missing or unavailable."""
+def ingest(job: dict, backend: str, *, timings: str | None, ceilings: str | None, version: str, family: str,
+           unavailable: str | None = None) -> pd.DataFrame:
+    """Results rows for every case of the job: measured, refused, missing or unavailable."""
     from attnbench.bench.ceilings import Ceilings
     from attnbench.bench.provenance import environment, timestamp
+    from attnbench.plan import job_cases
 
-    config, _, cases = group_cases(config_path, group)
+    cases, group = job_cases(job), job["group"]
     lines = read_timings(timings) if timings and not unavailable else pd.DataFrame(columns=TIMING_COLUMNS[1:])
     peaks = Ceilings.load(ceilings) if ceilings else None
     env = environment("cpu")
     rows = []
     for case in cases:
         row = empty_row() | case.fields() | env
-        row.update(sweep=config["sweep"], group=group, case_id=case.case_id, backend=backend, backend_version=version,
+        row.update(sweep=job["sweep"], group=group, case_id=case.case_id, backend=backend, backend_version=version,
                    compute_dtype=case.dtype, timestamp=timestamp(), reason="", timer="external",
                    flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
                    bytes_model=conventions.bytes_model(case, family))

@@ -1,0 +1,21 @@
+"""The error every config-like mapping raises, and the one check each gets: no key outside the allowed ones.
+
+At the base of the package (beside :mod:`attnbench.case`), so that models, stages and the
+planner raise the same :class:`ConfigError` without importing the config loader.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line naming the key and the allowed values."""
+
+
+def reject_unknown_keys(values: Iterable[str], allowed: Iterable[str], where: str,
+                        error: type[Exception] = ConfigError) -> None:
+    """Raise ``error`` naming the first unknown key (sorted) and every allowed key, on one line."""
+    allowed = list(allowed)
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise error(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")

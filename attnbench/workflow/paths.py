@@ -1,0 +1,48 @@
+"""Where every file of a sweep lives, in one place: the rules' outputs and the planner's targets read it.
+
+Each name is a template relative to the working directory, formatted with the sweep name and, where it
+has them, the job's wildcards; a rule fills its wildcards by passing ``"{group}"`` through. Everything
+a sweep writes is under ``results/<sweep>/`` and ``reports/<sweep>/``; sweep and group names match
+:data:`attnbench.plan.NAME_PATTERN`, so no template can leave those folders.
+"""
+from __future__ import annotations
+
+RESULTS = "results/{sweep}"
+REPORTS = "reports/{sweep}"
+
+PLAN_DIR = RESULTS + "/plan"  # one JSON file per job (attnbench.plan.Plan.write_jobs)
+PLAN_CONFIG = PLAN_DIR + "/config.json"  # the validated config the planner used
+JOB = PLAN_DIR + "/{stage}/{name}.json"  # name: <group>, or <group>/<backend>, <backend>/<group>, ...
+
+ENV = RESULTS + "/env"
+ENV_CONFIG = ENV + "/config.yaml"
+VERSIONS = ENV + "/versions.json"
+CEILINGS = ENV + "/ceilings.json"
+LOGS = RESULTS + "/logs"
+BENCHMARKS = RESULTS + "/benchmarks"
+
+MICROBENCH = RESULTS + "/microbench/{group}.parquet"  # one job per group, its Python backends interleaved
+MICROBENCH_RULE = RESULTS + "/microbench/{backend}/{group}.parquet"  # a backend added as a Snakemake rule
+MERGED = RESULTS + "/microbench.parquet"  # every microbench row of the sweep, validated and joined
+
+STABILITY = RESULTS + "/stability/{group}/{index}.parquet"
+HBM_PART = RESULTS + "/hbm/parts/{group}/{backend}.parquet"
+HBM_TABLE = RESULTS + "/hbm/hbm.parquet"
+HBM_LEDGER = RESULTS + "/hbm/ledger.parquet"
+CONTEXT_COST = RESULTS + "/context/cost/{group}.parquet"
+CONTEXT_CHECKPOINT = RESULTS + "/context/pretrain.pt"
+CONTEXT_CAPABILITY = RESULTS + "/context/capability/{method}.parquet"
+CONTEXT_ROPE = RESULTS + "/context/rope_overhead.parquet"
+PRETRAIN_DIR = RESULTS + "/pretrain/{experiment}"
+PRETRAIN_RUNS = PRETRAIN_DIR + "/runs.parquet"
+PRETRAIN_STEPS = PRETRAIN_DIR + "/steps.parquet"
+TRITON = RESULTS + "/triton/{group}.parquet"
+
+# Each stage's tables and figures: <stage>/tables/{name}.{md,tex,csv}, <stage>/figures/{name}.{png,svg},
+# and one index of both with their captions, read by the report, `snakemake --report` and publishing.
+STAGE_TABLES = RESULTS + "/{stage}/tables"
+STAGE_FIGURES = RESULTS + "/{stage}/figures"
+STAGE_INDEX = RESULTS + "/{stage}/tables/index.json"
+
+REPORT_HTML = REPORTS + "/report.html"
+PUBLISHED = RESULTS + "/wandb/published.json"
