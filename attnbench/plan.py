@@ -121,6 +121,7 @@ def _merged_section(section: dict, schema: dict, where: str, device: str) -> dic
         return spec
     schema = dict(schema)
     schema["properties"] = {k: v for k, v in schema["properties"].items() if k != "cuda"}
+    validate_section(cuda, schema, f"{where}.cuda")  # its own keys, named where they are written
     return validate_section(deep_merge(spec, cuda), schema, f"{where} (with {where}.cuda merged over it)")
 
 
@@ -203,6 +204,14 @@ class Plan:
                    "options": run_options(self.view, group=group, numerics=numerics), **extra}
         return Job(stage, name or group, payload)
 
+    def hbm_parts(self) -> list[tuple[str, list[str]]]:
+        """(group, backends) of each hbm job. On a GPU one job (one ncu process) per backend, so a backend
+        that hangs costs only its job; without one nothing is profiled, and one job per group writes every
+        backend's unavailable rows."""
+        if self.device == "cuda":
+            return [(g.name, [b]) for g in self.hbm.values() for b in g.backends]
+        return [(g.name, list(g.backends)) for g in self.hbm.values()]
+
     def hbm_job(self, group: str, backends: list[str] | None = None) -> Job:
         """An hbm job: its cases, backends and Nsight Compute settings (``<group>/<backend>``, or
         ``<group>/all`` for several backends in one process)."""
@@ -219,11 +228,7 @@ class Plan:
         processes = self.view["stability"]["processes"]
         out += [self.results_job("stability", g, name=f"{g}/{i}") for g in self.stability
                 for i in range(1, processes + 1)]
-        for group in self.hbm.values():
-            # on a GPU one job (one ncu process) per backend, so a backend that hangs costs only its job;
-            # without one nothing is profiled, and one job per group writes every backend's unavailable rows
-            parts = [[b] for b in group.backends] if self.device == "cuda" else [list(group.backends)]
-            out += [self.hbm_job(group.name, part) for part in parts]
+        out += [self.hbm_job(group, backends) for group, backends in self.hbm_parts()]
         if self.hbm:
             out.append(Job("hbm", "ledger", {"stage": "hbm-ledger", "sweep": self.sweep,
                                              "ledger": self.view["hbm"]["ledger"]}))

@@ -7,6 +7,8 @@ from attnbench.report.tables import TABLE_NAMES
 
 MICROBENCH_TABLES = P.STAGE_TABLES.format(stage="microbench")
 MICROBENCH_FIGURES = P.STAGE_FIGURES.format(stage="microbench")
+from pathlib import Path
+
 MICROBENCH_RESULTS = [P.MICROBENCH.format(group=g) for g in PLAN.microbench] + [
     P.MICROBENCH_RULE.format(backend=b, group=g) for b, groups in PLAN.rule_backends.items() for g in groups]
 
@@ -50,8 +52,8 @@ rule aggregate:
     benchmark:
         f"{P.BENCHMARKS}/aggregate.tsv"
     params:
-        tables=MICROBENCH_TABLES,
-        figures=MICROBENCH_FIGURES,
+        tables=lambda wildcards, output: Path(output.index).parent,
+        figures=lambda wildcards, output: Path(output.figures[0]).parent,
     conda:
         "../envs/attnbench.yaml"
     shell:

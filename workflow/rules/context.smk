@@ -110,7 +110,7 @@ rule context_tables:
     log:
         f"{P.LOGS}/context/tables.log",
     params:
-        folder=f"{CONTEXT}/tables",
+        folder=lambda wildcards, output: Path(output.capability).parent,
     conda:
         "../envs/attnbench.yaml"
     shell:

@@ -6,8 +6,8 @@ import os
 
 from attnbench.report.hbm import FIGURES as HBM_FIGURES
 
-HBM_PARTS = [P.HBM_PART.format(group=job.name.split("/")[0], backend=job.name.split("/")[1])
-             for job in PLAN.jobs() if job.stage == "hbm" and job.name != "ledger"]
+HBM_PARTS = [P.HBM_PART.format(group=group, backend=backends[0] if len(backends) == 1 else "all")
+             for group, backends in PLAN.hbm_parts()]
 HBM_FIGURE_FILES = [f"{P.RESULTS}/hbm/figures/{name}" for name in HBM_FIGURES]
 
 

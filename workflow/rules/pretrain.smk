@@ -49,7 +49,7 @@ for _experiment in PLAN.pretrain:
         params:
             experiment=_experiment,
             source=lambda w, input: str(Path(input.runs).parent),
-            folder=PRETRAIN,
+            folder=lambda w, output: str(Path(output[0]).parents[1]),
         conda:
             "../envs/attnbench.yaml"
         shell:

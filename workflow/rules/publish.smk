@@ -16,8 +16,8 @@ rule publish:
     log:
         f"{P.LOGS}/publish.log",
     params:
-        results=P.RESULTS,
-        env=P.ENV,
+        results=lambda wildcards, input: Path(input.merged).parent,
+        env=lambda wildcards, input: Path(input.config).parent,
         project=WANDB["project"],
         entity=["--entity", WANDB["entity"]] if WANDB["entity"] else [],
         tags=[word for tag in WANDB["tags"] for word in ("--tag", tag)],

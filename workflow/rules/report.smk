@@ -25,7 +25,7 @@ rule report:
     benchmark:
         f"{P.BENCHMARKS}/report.tsv"
     params:
-        results=P.RESULTS,
+        results=lambda wildcards, input: Path(input.config).parents[1],
     conda:
         "../envs/attnbench.yaml"
     shell:

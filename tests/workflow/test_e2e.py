@@ -14,11 +14,12 @@ import yaml
 from attnbench.report.figures import FIGURE_NAMES
 from attnbench.report.tables import FORMATS, TABLE_NAMES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ["eager", "sdpa-math", "sdpa-cudnn"]  # sdpa-cudnn: an unavailable row on a machine without CUDA
 CONFIG = {
     "sweep": "e2e",
     "device": "cpu",
+    "stages": ["microbench"],
     "timing": {"cpu_min_run_time_s": 0.01},
     "microbench": {
         "cpu": {"backends": BACKENDS, "rule_backends": {"c-naive": ["tiny"]},
@@ -68,14 +69,14 @@ def test_sweep_writes_results_tables_figures_and_report(run):
         assert naive.eq("unavailable").all()
     for name in TABLE_NAMES:
         for ext in FORMATS:
-            assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
-    status = pd.read_csv(results / "tables" / "status.csv")
+            assert (results / "microbench" / "tables" / f"{name}.{ext}").stat().st_size > 0
+    status = pd.read_csv(results / "microbench" / "tables" / "status.csv")
     assert set(status["backend"]) == set(BACKENDS + ["c-naive"])
-    tflops = pd.read_csv(results / "tables" / "tflops.csv")
+    tflops = pd.read_csv(results / "microbench" / "tables" / "tflops.csv")
     assert set(tflops["backend"]) == set(BACKENDS + ["c-naive"])
-    assert "Device: CPU" in (results / "tables" / "tflops.md").read_text()
+    assert "Device: CPU" in (results / "microbench" / "tables" / "tflops.md").read_text()
     for name in FIGURE_NAMES:
-        assert (results / "figures" / f"{name}.png").stat().st_size > 1000
+        assert (results / "microbench" / "figures" / f"{name}.png").stat().st_size > 1000
     env = yaml.safe_load((results / "env" / "config.yaml").read_text())
     assert env["device"] == "cpu" and env["sweep"] == "e2e"
     versions = json.loads((results / "env" / "versions.json").read_text())
@@ -84,8 +85,9 @@ def test_sweep_writes_results_tables_figures_and_report(run):
     assert html.count("data:image/png") >= 4 and "Who wins where" in html
     for backend in BACKENDS + ["c-naive"]:
         assert backend in html
-    assert (results / "logs" / "microbench" / "eager" / "tiny.log").is_file()
-    assert (results / "benchmarks" / "microbench" / "eager" / "tiny.tsv").is_file()
+    assert (results / "logs" / "microbench" / "tiny.log").is_file()
+    assert (results / "benchmarks" / "microbench" / "tiny.tsv").is_file()
+    assert json.loads((results / "plan" / "microbench" / "tiny.json").read_text())["backends"] == BACKENDS
 
 
 @needs_snakemake
@@ -94,7 +96,7 @@ def test_snakemake_report_has_captions_and_categories(run):
     proc = snakemake(workdir, "report", "--report", "snakemake-report.html", "--configfile", "config.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (workdir / "snakemake-report.html").read_text()
-    for text in ("Tables", "Figures", "Environment", "roofline.png", "Achieved FLOP/s against arithmetic intensity"):
+    for text in ("Microbenchmarks", "Environment", "roofline.png", "Achieved FLOP/s against arithmetic intensity"):
         assert text in page
 
 

@@ -12,6 +12,7 @@ from attnbench.cli import main
 CONFIG = {
     "sweep": "test",
     "device": "cpu",
+    "stages": ["microbench"],
     "timing": {"cpu_min_run_time_s": 0.02},
     "microbench": {
         "cpu": {"backends": ["eager", "sdpa-math", "sdpa-flash", "sdpa-cudnn"],
@@ -32,7 +33,7 @@ def config_file(tmp_path):
 
 def test_microbench_writes_one_valid_row_per_case_and_backend(config_file, tmp_path):
     out = tmp_path / "out" / "rows.parquet"
-    assert main(["microbench", "--config", str(config_file), "--out", str(out)]) == 0
+    assert main(["microbench", "--config", str(config_file), "--group", "tiny", "--out", str(out)]) == 0
     df = read_results(out)
     n_cases = 2 * 2 * 2 * 2 + 2 * 2  # fwd and fwd_bwd: layout x causal x dtype; decode: layout x dtype
     assert len(df) == n_cases * 4
@@ -52,14 +53,14 @@ def test_microbench_writes_one_valid_row_per_case_and_backend(config_file, tmp_p
 
 def test_unknown_backend_fails_before_work(config_file, tmp_path, capsys):
     out = tmp_path / "never.parquet"
-    assert main(["microbench", "--config", str(config_file), "--backend", "fa9", "--out", str(out)]) == 2
+    assert main(["microbench", "--config", str(config_file), "--group", "tiny", "--backend", "fa9", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("attnbench: error: backend='fa9' is not known; allowed:") and "\n" not in err
     assert not out.exists()
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda c: c.update(typo=1), "config: unknown key 'typo'; allowed: sweep, device"),
+    (lambda c: c.update(typo=1), "config: unknown key 'typo'; allowed: sweep, sources, device"),
     (lambda c: c.update(device="tpu"), "device='tpu' is not allowed; allowed: auto, cpu, cuda"),
     (lambda c: c["microbench"]["cpu"]["backends"].append("fa9"), "microbench.cpu.backends: backend='fa9' is not known"),
     (lambda c: c["microbench"]["cpu"]["groups"]["tiny"].update(layout="mqa", heads_kv=2), "set heads_kv only for layout gqa"),
@@ -71,7 +72,7 @@ def test_bad_config_is_one_line_error(tmp_path, capsys, mutate, message):
     mutate(config)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
-    assert main(["microbench", "--config", str(path), "--out", str(tmp_path / "x.parquet")]) == 2
+    assert main(["microbench", "--config", str(path), "--group", "tiny", "--out", str(tmp_path / "x.parquet")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
 
@@ -81,7 +82,7 @@ def test_existing_results_survive_a_failed_run(config_file, tmp_path):
     pd.DataFrame({"case_id": ["x"], "backend": ["b"], "status": ["ok"], "mode": ["fwd"], "layout": ["mha"],
                   "dtype": ["fp32"]}).to_parquet(out)
     before = out.read_bytes()
-    assert main(["microbench", "--config", str(config_file), "--backend", "nope", "--out", str(out)]) == 2
+    assert main(["microbench", "--config", str(config_file), "--group", "tiny", "--backend", "nope", "--out", str(out)]) == 2
     assert out.read_bytes() == before
 
 

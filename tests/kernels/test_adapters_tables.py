@@ -9,7 +9,7 @@ from attnbench.case import Case
 from attnbench.bench.conventions import bytes_model, flops, kv_cache_bytes
 from attnbench.bench.results import to_frame
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "h200_backends.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_backends.py"
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@ import torch
 import yaml
 
 from attnbench import cli
+from attnbench import plan as planner
 from attnbench.config import load_config, validate_config
 from attnbench.errors import ConfigError
 from attnbench.context import experiment as E
 from attnbench.context.perplexity import sliding_window_score
 
-CONFIG = Path(__file__).resolve().parents[1] / "config" / "config.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
 TINY_CAPABILITY = {
     "train_len": 96, "eval_factors": [1, 2], "extension_factors": [2],
     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "backend": "sdpa-math"},
@@ -34,14 +35,19 @@ def config():
     with open(CONFIG) as fh:
         raw = yaml.safe_load(fh)
     raw["device"] = "cpu"
+    raw["stages"] = ["context"]
     raw["timing"] = {"warmup_ms": 1, "rep_ms": 2, "cpu_min_run_time_s": 0.005}
     raw["context"] = {"capability": copy.deepcopy(TINY_CAPABILITY), "cost": copy.deepcopy(TINY_COST)}
     return validate_config(raw)
 
 
+def capability(config, device="cpu"):
+    return planner.device_view(config, device)["context"]["capability"]
+
+
 @pytest.fixture(scope="module")
 def spec(config):
-    return E.capability_spec(config["context"], "cpu")
+    return capability(config)
 
 
 @pytest.fixture(scope="module")
@@ -110,31 +116,32 @@ def test_bad_context_config_names_the_key(config, change, message):
     raw = copy.deepcopy(config)
     raw["context"]["capability"].update(change)
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
-        validated = validate_config(raw)
-        device = "cuda" if "cuda" in change else "cpu"
-        spec = E.capability_spec(validated["context"], device)
-        E.check_spec(spec)
-        E.rope_config(spec, "yarn", 2.0)
+        planner.check_config(validate_config(raw))
 
 
 def test_cuda_block_is_merged_on_cuda_only(config):
-    assert E.capability_spec(config["context"], "cpu")["train_len"] == 96
-    cuda = E.capability_spec(config["context"], "cuda")
-    assert cuda["train_len"] >= 1024 and cuda["eval"]["stride"] == 256 and "cuda" not in cuda
+    raw = copy.deepcopy(config)
+    raw["context"]["capability"]["cuda"] = {"train_len": 1024, "eval": {"stride": 256}}
+    assert capability(raw)["train_len"] == 96
+    cuda = capability(raw, "cuda")
+    assert cuda["train_len"] == 1024 and cuda["eval"]["stride"] == 256 and "cuda" not in cuda
 
 
 def test_cli_end_to_end(tmp_path, config, checkpoint):
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    plan = planner.build_plan(config)
+    plan.write_jobs(tmp_path / "plan")
+    job = tmp_path / "plan" / "context"
     torch.save(checkpoint, tmp_path / "ck.pt")
-    assert cli.main(["context", "evaluate", "--config", str(path), "--checkpoint", str(tmp_path / "ck.pt"),
-                     "--method", "dynamic_ntk", "--threads", "1", "--out", str(tmp_path / "dyn.parquet")]) == 0
+    assert cli.main(["context", "evaluate", "--job", str(job / "capability-dynamic_ntk.json"), "--checkpoint",
+                     str(tmp_path / "ck.pt"), "--threads", "1", "--out", str(tmp_path / "dyn.parquet")]) == 0
     (tmp_path / "ceilings.json").write_text('{"device": "cpu", "device_name": "test", "copy_bytes_per_s": 1e10, '
                                             '"matmul_flops_per_s": {"fp32": 1e11}}')
     for group in ("prefill", "decode"):
-        assert cli.main(["context", "cost", "--config", str(path), "--group", group, "--ceilings",
-                         str(tmp_path / "ceilings.json"), "--out", str(tmp_path / f"cost-{group}.parquet")]) == 0
-    assert cli.main(["context", "rope-overhead", "--config", str(path), "--out", str(tmp_path / "rope.parquet")]) == 0
+        assert cli.main(["microbench", "--job", str(tmp_path / "plan" / "context-cost" / f"{group}.json"),
+                         "--ceilings", str(tmp_path / "ceilings.json"),
+                         "--out", str(tmp_path / f"cost-{group}.parquet")]) == 0
+    assert cli.main(["context", "rope-overhead", "--job", str(job / "rope-overhead.json"),
+                     "--out", str(tmp_path / "rope.parquet")]) == 0
     assert cli.main(["context", "tables", "--capability", str(tmp_path / "dyn.parquet"), "--cost",
                      str(tmp_path / "cost-prefill.parquet"), str(tmp_path / "cost-decode.parquet"),
                      "--rope-overhead", str(tmp_path / "rope.parquet"), "--out-dir", str(tmp_path / "tables")]) == 0
@@ -151,15 +158,13 @@ def test_cli_end_to_end(tmp_path, config, checkpoint):
     assert "dynamic NTK" in (tmp_path / "tables" / "perplexity_sliding.md").read_text()
 
 
-def test_cli_bad_group_is_one_line(tmp_path, config, capsys):
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    assert cli.main(["context", "cost", "--config", str(path), "--group", "huge", "--ceilings", "x.json",
+def test_cli_bad_job_is_one_line(tmp_path, capsys):
+    assert cli.main(["context", "rope-overhead", "--job", str(tmp_path / "nope.json"),
                      "--out", str(tmp_path / "x.parquet")]) == 2
-    assert "group='huge' is not in context.cost.cpu.groups; allowed: decode, prefill" in capsys.readouterr().err
+    assert "job file" in capsys.readouterr().err and not (tmp_path / "x.parquet").exists()
 
 
 def test_loaded_default_config_is_cpu_sized():
-    spec = E.capability_spec(load_config(CONFIG)["context"], "cpu")
+    spec = capability(load_config(CONFIG))
     assert 128 <= spec["train_len"] <= 512 and spec["eval_factors"] == [1, 2, 4, 8]
     assert spec["finetune"]["fraction"] <= 0.1

@@ -3,7 +3,9 @@ import dataclasses
 import hashlib
 import json
 import math
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +14,7 @@ import torch
 import yaml
 
 from attnbench.cli import main
+from attnbench import plan as planner
 from attnbench.config import validate_config
 from attnbench.errors import ConfigError
 from attnbench.data import CORPORA
@@ -36,7 +39,7 @@ def test_shipped_corpus_is_pinned_and_documented():
     corpus = CORPORA["shakespeare"]
     data = corpus.read()
     assert hashlib.sha256(data).hexdigest() == corpus.sha256
-    readme = (Path(__file__).parents[1] / "attnbench" / "data" / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "attnbench" / "data" / "README.md").read_text()
     assert corpus.sha256 in readme and "public domain" in readme.lower()
     assert 1e6 < len(data) < 2e7 and data.isascii()
 
@@ -100,15 +103,30 @@ def test_speed_is_the_median_and_iqr_after_the_first_tenth_of_steps():
 
 
 def test_a_killed_run_resumes_on_the_same_trajectory(tmp_path):
-    spec = _spec()
-    train(spec, tmp_path / "whole", "cpu", progress=False)
-    assert train(spec, tmp_path / "cut", "cpu", stop_after=6) == {}  # killed after 6 steps (checkpoint at 4)
-    assert (tmp_path / "cut" / "ckpt.pt").exists()
-    train(spec, tmp_path / "cut", "cpu")
+    """SIGKILL the `attnbench train` process after its first checkpoint, resume, compare with a whole run."""
+    config = {"device": "cpu", "stages": ["pretrain"],
+              "microbench": {d: {"backends": ["sdpa-math"], "groups": {"g": {"seq": 16}}} for d in ("cpu", "cuda")},
+              "pretrain": {"data": {"source": "synthetic", "synthetic": {"tokens": 20000}},
+                           "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16},
+                           "train": {"steps": 400, "batch_size": 4, "seq_len": 16, "eval_every": 100,
+                                     "eval_batches": 1, "ckpt_every": 4, "probe_every": 1}}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "attnbench.cli", "train", "--config", str(path), "--run", "base", "--no-progress"]
+    cut = tmp_path / "cut"
+    child = subprocess.Popen(cmd + ["--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (cut / "ckpt.pt").exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    child.kill()
+    child.wait()
+    assert (cut / "ckpt.pt").exists() and not (cut / "summary.json").exists()  # killed mid-run
+    subprocess.run(cmd + ["--out", str(cut)], check=True, capture_output=True)
+    subprocess.run(cmd + ["--out", str(tmp_path / "whole")], check=True, capture_output=True)
     whole = pd.read_parquet(tmp_path / "whole" / "steps.parquet")
-    cut = pd.read_parquet(tmp_path / "cut" / "steps.parquet")
+    resumed = pd.read_parquet(cut / "steps.parquet")
     cols = ["step", "loss", "grad_norm", "update_rms", "lr", "logz_mean", "val_loss", "max_logit_l0"]
-    pd.testing.assert_frame_equal(whole[cols], cut[cols])
+    pd.testing.assert_frame_equal(whole[cols], resumed[cols])
 
 
 def test_nonfinite_steps_are_counted_and_end_the_run_without_raising(tmp_path):
@@ -305,7 +323,7 @@ def _tiny_config(tmp_path) -> dict:
 
 
 def test_divergence_plan_changes_one_thing_per_run(tmp_path):
-    specs = ex.plan(_tiny_config(tmp_path), "divergence", "cpu")
+    specs = ex.plan_runs(planner.device_view(_tiny_config(tmp_path), "cpu")["pretrain"], "divergence")
     ref = specs[0]
     assert [s.tags["swap"] for s in specs] == ["reference", "backend", "seed", "precision"]
     for spec in specs[1:]:
@@ -316,15 +334,15 @@ def test_divergence_plan_changes_one_thing_per_run(tmp_path):
 
 
 def test_layouts_plan_matches_parameters(tmp_path):
-    specs = ex.plan(_tiny_config(tmp_path), "layouts", "cpu")
+    specs = ex.plan_runs(planner.device_view(_tiny_config(tmp_path), "cpu")["pretrain"], "layouts")
     counts = [count_params(s.model) for s in specs]
     assert [s.model.layout for s in specs] == ["mha", "mqa", "mla"]
     assert max(counts) - min(counts) <= TINY_MODEL.d_model * TINY_MODEL.n_layers
 
 
 def test_experiment_runs_and_renders_tables_and_figures(tmp_path):
-    config = _tiny_config(tmp_path)
-    frames = ex.run_experiment(config, "divergence", tmp_path / "exp", "cpu", progress=False, peak_cache={"fp32": 1e9, "bf16": 1e9})
+    job = planner.build_plan(_tiny_config(tmp_path)).job("pretrain", "divergence").payload
+    frames = ex.run_experiment(job, tmp_path / "exp", progress=False, peak_cache={"fp32": 1e9, "bf16": 1e9})
     div = frames["divergence"]
     assert set(div["swap"]) == {"backend", "seed", "precision"} and set(div["step"]) == {0, 4, 8}
     assert (div[div["step"] == 0].query("swap != 'seed'")[["max_abs", "rel_l2"]] == 0).all().all()  # same init
@@ -356,9 +374,11 @@ def test_loss_divergence_is_the_per_step_gap_to_the_reference():
 def test_cli_train_and_experiment_list(tmp_path, capsys):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(_tiny_config(tmp_path), sort_keys=False))  # layout order matters
-    assert main(["experiment", "list", "--config", str(path), "--name", "lr_sensitivity"]) == 0
-    assert capsys.readouterr().out.split() == ["lr_sensitivity/baseline/lr0.01", "lr_sensitivity/baseline/lr0.1",
-                                               "lr_sensitivity/qk_norm+z_loss/lr0.01", "lr_sensitivity/qk_norm+z_loss/lr0.1"]
+    assert main(["experiment", "list", "--config", str(path)]) == 0
+    listed = capsys.readouterr().out.split()
+    assert [n for n in listed if n.startswith("lr_sensitivity/")] == [
+        "lr_sensitivity/baseline/lr0.01", "lr_sensitivity/baseline/lr0.1",
+        "lr_sensitivity/qk_norm+z_loss/lr0.01", "lr_sensitivity/qk_norm+z_loss/lr0.1"]
     assert main(["train", "--config", str(path), "--run", "layouts/mqa", "--out", str(tmp_path / "run"),
                  "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

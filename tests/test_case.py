@@ -60,7 +60,7 @@ def test_grid_rejects_impossible_shape():
 
 
 def test_grid_rejects_empty_list():
-    with pytest.raises(GridError, match=r"grid.dtype is an empty list"):
+    with pytest.raises(GridError, match=r"grid.dtype=\[\] is not allowed; allowed: fp32, fp16, bf16, or a non-empty list of them"):
         expand_grid({"dtype": [], "seq": 64})
 
 

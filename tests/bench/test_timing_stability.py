@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "h200_stability.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_stability.py"
 
 
 @pytest.fixture(scope="module")

@@ -163,7 +163,7 @@ def test_blockers_name_the_reason():
 
 
 CONFIG = {
-    "sweep": "test", "device": "cpu",
+    "sweep": "test", "device": "cpu", "stages": ["hbm"],
     "microbench": {"cpu": {"backends": ["eager"], "groups": {"g": {"seq": 64}}},
                    "cuda": {"backends": ["eager"], "groups": {"g": {"seq": 64}}}},
     "hbm": {"backends": ["eager", "sdpa-flash"],
@@ -183,11 +183,11 @@ def config_file(tmp_path):
 
 
 def test_cli_on_cpu_writes_unavailable_rows_with_the_reason(config_file, tmp_path):
-    out = tmp_path / "hbm.parquet"
-    assert main(["hbm", "--config", str(config_file), "--out", str(out)]) == 0
     import pandas as pd
 
-    df = pd.read_parquet(out)
+    for group in ("tiny", "mla"):
+        assert main(["hbm", "--config", str(config_file), "--group", group, "--out", str(tmp_path / f"{group}.parquet")]) == 0
+    df = pd.concat([pd.read_parquet(tmp_path / f"{group}.parquet") for group in ("tiny", "mla")])
     assert len(df) == 3 * 2 + 1
     assert (df.status == "unavailable").all()
     assert df.reason.str.startswith("no CUDA device").all()
@@ -199,12 +199,12 @@ def test_cli_on_cpu_writes_unavailable_rows_with_the_reason(config_file, tmp_pat
 def test_cli_rejects_unknown_group_and_bad_hbm_keys(config_file, tmp_path, capsys):
     assert main(["hbm", "--config", str(config_file), "--group", "nope", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "attnbench: error: group='nope' is not in hbm.groups; allowed: tiny, mla"
+    assert err == "attnbench: error: group='nope' is not a hbm group of sweep 'test' on cpu; allowed: tiny, mla"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**CONFIG, "hbm": {"cache_control": "sometimes"}}))
-    assert main(["hbm", "--config", str(bad), "--out", str(tmp_path / "x")]) == 2
+    assert main(["hbm", "--config", str(bad), "--group", "tiny", "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.strip() == ("attnbench: error: hbm.cache_control='sometimes' is not allowed; "
                                                "allowed: all, none")
     bad.write_text(yaml.safe_dump({**CONFIG, "hbm": {"backends": ["fa9"]}}))
-    assert main(["hbm", "--config", str(bad), "--out", str(tmp_path / "x")]) == 2
+    assert main(["hbm", "--config", str(bad), "--group", "tiny", "--out", str(tmp_path / "x")]) == 2
     assert "hbm.backends: backend='fa9' is not known; allowed:" in capsys.readouterr().err

@@ -1,0 +1,116 @@
+"""The job guard, the GPU lease and the rule-backend contract (no Snakemake run)."""
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench import config as configs
+from attnbench import plan as planner
+from attnbench.bench.schema import validate_frame
+from attnbench.workflow import guard, ingest, lease
+
+CONFIG = {
+    "sweep": "unit", "device": "cpu", "stages": ["microbench"],
+    "microbench": {
+        "cpu": {"backends": ["eager", "sdpa-math"], "rule_backends": {"c-naive": ["g"]},
+                "groups": {"g": {"mode": ["fwd", "decode"], "heads_q": 2, "head_dim": 16, "seq": 32,
+                                 "dtype": ["fp32", "bf16"]}}},
+        "cuda": {"backends": ["sdpa-flash"], "groups": {"g": {"seq": 64}}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return planner.build_plan(configs.validate_config(CONFIG), rule_backend_files=["c-naive"])
+
+
+def test_guard_turns_a_crashed_job_into_error_rows(plan, tmp_path, capfd):
+    out = tmp_path / "rows.parquet"
+    crash = [sys.executable, "-c", "import sys; print('boom: kernel fault', file=sys.stderr); import os; os.abort()"]
+    job = plan.job("microbench", "g").payload
+    assert guard.guard(crash, job=job, backends=["eager"], out=str(out)) == 0
+    df = pd.read_parquet(out)
+    assert len(df) == 4 and set(df["status"]) == {"error"} and set(df["backend"]) == {"eager"}
+    assert df["reason"].str.contains("job killed by SIGABRT before this case finished: boom: kernel fault").all()
+    validate_frame(df, str(out))
+    assert "boom: kernel fault" in capfd.readouterr().err  # the child's stderr still reaches the log
+
+
+def test_guard_keeps_the_rows_of_a_stopped_job_and_fills_in_the_rest(plan, tmp_path):
+    out = tmp_path / "rows.parquet"
+    job = plan.job("microbench", "g").payload
+    guard.error_rows(job, ["eager"], "").iloc[:1].assign(status="ok").to_parquet(tmp_path / "one.parquet")
+    partial = [sys.executable, "-c", "import shutil, sys; "
+               f"shutil.copy({str(tmp_path / 'one.parquet')!r}, {str(out)!r}); sys.exit(3)"]
+    assert guard.guard(partial, job=job, backends=["eager"], out=str(out)) == 0
+    df = pd.read_parquet(out)
+    assert df["status"].tolist() == ["ok", "error", "error", "error"] and df["case_id"].is_unique
+    assert df["reason"].iloc[1].startswith("job exited with code 3 before this case finished")
+
+
+def test_guard_keeps_a_finished_job_and_honours_the_deadline(plan, tmp_path, monkeypatch):
+    out = tmp_path / "rows.parquet"
+    job = plan.job("microbench", "g").payload
+    write = [sys.executable, "-c", f"import pandas as pd; pd.DataFrame({{'x': [1]}}).to_parquet({str(out)!r})"]
+    assert guard.guard(write, job=job, backends=job["backends"], out=str(out)) == 0
+    assert list(pd.read_parquet(out).columns) == ["x"]
+    monkeypatch.setenv(guard.DEADLINE_ENV, "1")
+    late = tmp_path / "late.parquet"
+    assert guard.guard(["false"], job=job, backends=job["backends"], out=str(late)) == 0
+    df = pd.read_parquet(late)
+    assert set(df["backend"]) == {"eager", "sdpa-math"} and df["reason"].str.startswith("not run: the sweep deadline").all()
+
+
+def test_gpu_leases_are_exclusive_per_device(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    first = lease.try_lease(lease.visible_devices())
+    second = lease.try_lease(lease.visible_devices())
+    assert (first[0], second[0]) == ("3", "5")
+    assert lease.try_lease(lease.visible_devices()) is None  # both taken: a third job waits
+    first[1].close()  # closing the lock file releases the device
+    third = lease.try_lease(lease.visible_devices())
+    assert third[0] == "3"
+    second[1].close(), third[1].close()
+
+
+def test_lease_command_sets_cuda_visible_devices(tmp_path, monkeypatch):
+    from attnbench.cli import main
+
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    out = tmp_path / "seen.txt"
+    code = main(["lease", "--", sys.executable, "-c",
+                 f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])"])
+    assert code == 0 and out.read_text() == "7" and os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+def test_rule_backend_contract(plan, tmp_path):
+    job = plan.job("microbench-rule", "c-naive/g").payload
+    cases = tmp_path / "cases.tsv"
+    assert ingest.write_cases(job, cases) == 4
+    table = pd.read_csv(cases, sep="\t", dtype={"case_id": str})
+    assert list(table.columns) == list(ingest.CASE_COLUMNS) and set(table["causal"]) == {0}
+    fwd32 = table[(table["mode"] == "fwd") & (table["dtype"] == "fp32")]["case_id"].iloc[0]
+    dec = table[table["mode"] == "decode"]["case_id"].iloc[0]
+    timings = tmp_path / "timings.tsv"
+    timings.write_text("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\trel_err\tmax_abs_err\treason\n"
+                       f"{fwd32}\tok\t2.0\t1.9\t2.2\t5\t1e-7\t2e-7\t\n"
+                       f"{dec}\tunsupported\t\t\t\t\t\t\tfwd only\n")
+    df = ingest.ingest(job, "c-naive", timings=str(timings), ceilings=None, version="cc 1", family="fused")
+    validate_frame(df, "ingest")
+    by_id = df.set_index("case_id")
+    assert by_id.loc[fwd32, "status"] == "ok" and by_id.loc[fwd32, "tflops"] == pytest.approx(
+        by_id.loc[fwd32, "flops"] / 2e-3 / 1e12)
+    assert by_id.loc[dec, "status"] == "unsupported" and by_id.loc[dec, "reason"] == "fwd only"
+    assert (df["status"] == "error").sum() == 2  # the two cases the command printed nothing for
+    down = ingest.ingest(job, "c-naive", timings=None, ceilings=None, version="", family="fused",
+                         unavailable="no compiler")
+    assert set(down["status"]) == {"unavailable"} and set(down["reason"]) == {"no compiler"}
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\nx\tfast\t1\t1\t1\t1\n")
+    with pytest.raises(Exception, match="status='fast' is not allowed; allowed: ok, unsupported, error"):
+        ingest.read_timings(bad)
