@@ -87,11 +87,6 @@ class Case:
         return DTYPES[self.dtype]
 
     @property
-    def group_size(self) -> int:
-        """Query heads per K/V head."""
-        return self.heads_q // self.heads_kv
-
-    @property
     def scale(self) -> float:
         """Softmax scale 1/sqrt(d_qk) (Vaswani et al. 2017), the one every backend and the reference use.
 

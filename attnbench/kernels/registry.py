@@ -44,7 +44,6 @@ class Backend:
     family: str = "fused"
     kernel_pattern: str = ""  # regex over profiled kernel names; "" skips the check
     install_hint: str = ""
-    baseline: bool = False  # the accuracy baseline (sdpa-math): others are measured against it
     # Precision the kernel computes in when it differs from the case dtype: "fp8" for backends that
     # quantise bf16/fp16 inputs themselves. Their errors are reported, but the 2x gate (a rule for
     # kernels computing in the input precision) does not apply; only non-finite results fail.

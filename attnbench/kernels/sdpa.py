@@ -47,7 +47,6 @@ class SDPAMath(_SDPA):
     family = "math"
     sdp_backend = SDPBackend.MATH
     cuda_only = False
-    baseline = True
     kernel_pattern = r"gemm|matmul|softmax|bmm|mm"
 
 
