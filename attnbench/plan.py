@@ -265,15 +265,34 @@ class Plan:
         write_if_changed(Path(plan_dir) / "config.json", json.dumps(self.config, indent=1, sort_keys=True))
         return paths
 
-    def summary(self) -> str:
+    def summary(self, benchmarks: str | Path | None = None) -> str:
+        """The start line: the grid and why, the planned jobs per stage, and, when earlier runs of this
+        sweep left Snakemake benchmark files (``benchmarks/<stage>/<name>.tsv``), the time they took."""
+        jobs = self.jobs()
         counts = {}
-        for job in self.jobs():
+        for job in jobs:
             counts[job.stage] = counts.get(job.stage, 0) + 1
         cases = sum(len(g.cases) for g in self.microbench.values())
         stages = ", ".join(f"{stage} {n}" for stage, n in counts.items()) or "none"
-        return (f"attnbench: sweep {self.sweep!r} runs the {self.device} grid ({self.why}); stages "
+        line = (f"attnbench: sweep {self.sweep!r} runs the {self.device} grid ({self.why}); stages "
                 f"{', '.join(self.stages) or 'none'}; {cases} microbench cases in {len(self.microbench)} groups; "
                 f"jobs per stage: {stages}")
+        if benchmarks is not None:
+            seconds = [s for s in (earlier_seconds(Path(benchmarks) / job.stage / f"{job.name}.tsv") for job in jobs)
+                       if s is not None]
+            if seconds:
+                line += (f"; {len(seconds)} of {len(jobs)} jobs took {sum(seconds) / 60:.1f} min together when this "
+                         "sweep last ran them")
+        return line
+
+
+def earlier_seconds(benchmark: Path) -> float | None:
+    """Wall seconds of a job's last run from its Snakemake ``benchmark:`` file (column ``s``), if it has one."""
+    try:
+        header, *rows = benchmark.read_text().splitlines()
+        return float(rows[-1].split("\t")[header.split("\t").index("s")])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 HBM_JOB_KEYS = ("ncu", "read_metric", "write_metric", "extra_metrics", "clock_control", "cache_control",

@@ -199,3 +199,11 @@ def test_committed_results_schema_is_the_generated_one():
     assert (REPO / "workflow" / "schemas" / "results.schema.yaml").read_text() == results_schema_text()
     link = REPO / "workflow" / "schemas" / "config.schema.yaml"
     assert link.is_symlink() and link.resolve() == (REPO / "attnbench" / "schemas" / "config.schema.yaml").resolve()
+
+
+def test_the_start_line_gives_jobs_per_stage_and_the_time_earlier_runs_took(tmp_path):
+    plan = _plan(CONFIG)
+    assert "earlier" not in plan.summary(tmp_path) and "took" not in plan.summary(tmp_path)
+    (tmp_path / "microbench").mkdir()
+    (tmp_path / "microbench" / "g.tsv").write_text("s\th:m:s\tmax_rss\n90.0\t0:01:30\t1\n")
+    assert plan.summary(tmp_path).endswith("; 1 of 3 jobs took 1.5 min together when this sweep last ran them")

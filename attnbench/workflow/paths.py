@@ -20,6 +20,8 @@ VERSIONS = ENV + "/versions.json"
 CEILINGS = ENV + "/ceilings.json"
 LOGS = RESULTS + "/logs"
 BENCHMARKS = RESULTS + "/benchmarks"
+JOB_LOG = LOGS + "/{stage}/{name}.log"  # a job's log and Snakemake benchmark mirror its plan file's path
+JOB_BENCHMARK = BENCHMARKS + "/{stage}/{name}.tsv"
 
 MICROBENCH = RESULTS + "/microbench/{group}.parquet"  # one job per group, its Python backends interleaved
 MICROBENCH_RULE = RESULTS + "/microbench/{backend}/{group}.parquet"  # a backend added as a Snakemake rule

@@ -25,17 +25,25 @@ try:
     PLAN = build_plan(CONFIG, rule_backend_files=[p.stem for p in RULE_BACKEND_DIR.glob("*.smk")])
 except ConfigError as err:  # one line naming the key and the allowed values, no traceback
     sys.exit(f"attnbench: config error: {err}")
-logger.info(PLAN.summary())
 
 # Every path of the sweep (attnbench.workflow.paths), with the sweep name filled in; job wildcards stay.
 P = SimpleNamespace(**{name: getattr(paths, name).replace("{sweep}", PLAN.sweep)
                        for name in dir(paths) if name.isupper()})
 PLAN.write_jobs(P.PLAN_DIR)
+logger.info(PLAN.summary(P.BENCHMARKS))  # planned jobs per stage, and the expected time from earlier runs
 NAME = NAME_PATTERN.pattern.strip("^$")  # the one pattern every sweep, group and backend name matches
 
 
 def job_file(stage, name):
     return P.JOB.format(stage=stage, name=name)
+
+
+def job_log(stage, name):
+    return P.JOB_LOG.format(stage=stage, name=name)
+
+
+def job_benchmark(stage, name):
+    return P.JOB_BENCHMARK.format(stage=stage, name=name)
 
 
 ON_GPU = PLAN.device == "cuda"

@@ -15,9 +15,9 @@ rule context_pretrain:
     output:
         P.CONTEXT_CHECKPOINT,
     log:
-        f"{P.LOGS}/context/pretrain.log",
+        job_log("context", "capability-pretrain"),
     benchmark:
-        f"{P.BENCHMARKS}/context/pretrain.tsv"
+        job_benchmark("context", "capability-pretrain")
     params:
         lease=LEASE,
     # training, not timing: one thread on a CPU, so the capability jobs run side by side
@@ -38,9 +38,9 @@ rule context_evaluate:
     output:
         P.CONTEXT_CAPABILITY,
     log:
-        f"{P.LOGS}/context/evaluate-{{method}}.log",
+        job_log("context", "capability-{method}"),
     benchmark:
-        f"{P.BENCHMARKS}/context/evaluate-{{method}}.tsv"
+        job_benchmark("context", "capability-{method}")
     wildcard_constraints:
         method=NAME,
     params:
@@ -62,9 +62,9 @@ rule context_cost:
     output:
         P.CONTEXT_COST,
     log:
-        f"{P.LOGS}/context/cost-{{group}}.log",
+        job_log("context-cost", "{group}"),
     benchmark:
-        f"{P.BENCHMARKS}/context/cost-{{group}}.tsv"
+        job_benchmark("context-cost", "{group}")
     wildcard_constraints:
         group=NAME,
     params:
@@ -85,7 +85,7 @@ rule context_rope_overhead:
     output:
         P.CONTEXT_ROPE,
     log:
-        f"{P.LOGS}/context/rope_overhead.log",
+        job_log("context", "rope-overhead"),
     params:
         lease=LEASE,
     threads: JOB_THREADS

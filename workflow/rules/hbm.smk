@@ -18,9 +18,9 @@ rule hbm:
     output:
         P.HBM_PART,
     log:
-        f"{P.LOGS}/hbm/{{group}}/{{backend}}.log",
+        job_log("hbm", "{group}/{backend}"),
     benchmark:
-        f"{P.BENCHMARKS}/hbm/{{group}}/{{backend}}.tsv"
+        job_benchmark("hbm", "{group}/{backend}")
     wildcard_constraints:
         group=NAME,
         backend=NAME,

@@ -10,9 +10,9 @@ rule microbench:
     output:
         P.MICROBENCH,
     log:
-        f"{P.LOGS}/microbench/{{group}}.log",
+        job_log("microbench", "{group}"),
     benchmark:
-        f"{P.BENCHMARKS}/microbench/{{group}}.tsv"
+        job_benchmark("microbench", "{group}")
     wildcard_constraints:
         group=NAME,
     params:

@@ -15,9 +15,9 @@ rule pretrain_experiment:
         runs=P.PRETRAIN_RUNS,
         steps=P.PRETRAIN_STEPS,
     log:
-        f"{P.LOGS}/pretrain/{{experiment}}.log",
+        job_log("pretrain", "{experiment}"),
     benchmark:
-        f"{P.BENCHMARKS}/pretrain/{{experiment}}.tsv"
+        job_benchmark("pretrain", "{experiment}")
     wildcard_constraints:
         experiment=NAME,
     params:

@@ -20,9 +20,9 @@ rule c_naive:
     output:
         P.MICROBENCH_RULE.replace("{backend}", "c-naive"),
     log:
-        f"{P.LOGS}/microbench/c-naive/{{group}}.log",
+        job_log("microbench-rule", "c-naive/{group}"),
     benchmark:
-        f"{P.BENCHMARKS}/microbench/c-naive/{{group}}.tsv"
+        job_benchmark("microbench-rule", "c-naive/{group}")
     wildcard_constraints:
         group=NAME,
     params:
