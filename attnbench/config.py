@@ -10,8 +10,9 @@ the last silently).
 
 ``extends: <file>`` (a path relative to the file that says it) derives a sweep from another: the
 base is loaded first (it may extend another, up to :data:`MAX_EXTENDS_DEPTH` files, no cycles),
-then this file is deep-merged over it: mappings merge key by key, lists and scalars replace. The
-chain, base first, is recorded in the effective config as ``sources``. A file without ``extends:``
+then this file is deep-merged over it: mappings merge key by key, lists and scalars replace, and a key
+set to null is removed (``groups: {prefill: null}`` drops the base's group). The chain, base first, is
+recorded in the effective config as ``sources``. A file without ``extends:``
 is a complete config.
 
 Validation (:func:`validate_config`): the top-level schema (``schemas/config.schema.yaml``) and one
@@ -98,10 +99,13 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def deep_merge(base: dict, over: dict) -> dict:
-    """``over`` on top of ``base``: mappings merge key by key; lists and scalars replace. Neither is changed."""
+    """``over`` on top of ``base``: mappings merge key by key; lists and scalars replace; a key that ``over``
+    sets to null is removed (the schema's default applies again). Neither argument is changed."""
     out = copy.deepcopy(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)

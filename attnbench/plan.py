@@ -182,7 +182,7 @@ class Plan:
     def group(self, stage: str, name: str) -> Group:
         """The one group lookup: a one-line error with the allowed names for an unknown group."""
         groups = {"microbench": self.microbench, "microbench-rule": self.microbench, "stability": self.stability,
-                  "hbm": self.hbm, "context-cost": self.context_cost, "triton": self.triton}[stage]
+                  "hbm": self.hbm, "context-cost": self.context_cost}[stage]
         if name not in groups:
             raise ConfigError(f"group={name!r} is not a {stage} group of sweep {self.sweep!r} on {self.device}; "
                               f"allowed: {', '.join(groups) or 'none'}")
@@ -194,7 +194,7 @@ class Plan:
         """A job that writes results rows: ``group``'s cases on ``backends`` (default: the group's).
 
         ``stage`` is the job's stage (``microbench``, ``microbench-rule``, ``stability``, ``hbm``,
-        ``context-cost``, ``triton``); the groups of the last three come from their own sections.
+        ``context-cost``); the groups of the last two come from their own sections.
         ``extra`` adds stage settings to the payload (``hbm``: the Nsight Compute settings).
         """
         found = self.group(stage, group)
@@ -245,8 +245,30 @@ class Plan:
                 "stage": "pretrain", "sweep": self.sweep, "device": self.device, "experiment": experiment,
                 "runs": [spec.to_dict() for spec in runs], "time_limit_s": pre["time_limit_s"],
                 "compile_fallback": pre["compile_fallback"], "threads": pre["threads"]}))
-        out += [self.results_job("triton", g) for g in self.triton]
+        out += self.triton_jobs()
         return out
+
+    def triton_precompile_groups(self) -> list[str]:
+        """Microbench groups that time our Triton kernels on a GPU: their jobs wait for the precompilation."""
+        from attnbench.compiler.report import TRITON_BACKENDS
+
+        if self.device != "cuda":
+            return []
+        return [g.name for g in self.microbench.values() if set(g.backends) & set(TRITON_BACKENDS)]
+
+    def triton_jobs(self) -> list[Job]:
+        """``triton/precompile``: every config the timed triton cases need, compiled in parallel first (GPU
+        only); ``triton/compiler``: the compiler report on the triton stage's groups."""
+        jobs = []
+        for name, groups in (("precompile", [self.microbench[g] for g in self.triton_precompile_groups()]),
+                             ("compiler", list(self.triton.values()))):
+            if groups:
+                cases = list(dict.fromkeys(c for g in groups for c in g.cases))
+                backends = list(dict.fromkeys(b for g in groups for b in g.backends))
+                jobs.append(Job("triton", name, {"stage": f"triton-{name}", "sweep": self.sweep,
+                                                 "device": self.device, "seed": self.view["seed"],
+                                                 "cases": [c.fields() for c in cases], "backends": backends}))
+        return jobs
 
     def job(self, stage: str, name: str) -> Job:
         """One planned job by stage and name (command-line use); one-line error naming the planned ones."""
@@ -321,8 +343,8 @@ def _plan_device(config: dict, device: str, why: str, rule_backend_files: list[s
     rule_backends = _rule_backends(view["microbench"], groups, f"microbench.{device}.rule_backends",
                                    rule_backend_files)
     _unique_pairs(groups, rule_backends, f"microbench.{device}.groups")
-    stability = _named_groups(view["stability"]["groups"], groups, "stability.groups", device)
-    triton = _named_groups(view["triton"]["groups"], groups, "triton.groups", device)
+    stability = _named_groups(view["stability"]["groups"], groups)
+    triton = _named_groups(view["triton"]["groups"], groups)
     hbm = grid_groups(view["hbm"], "hbm", max_cases)
     cost = grid_groups(view["context"]["cost"], f"context.cost.{device}", max_cases)
     capability = check_capability(view["context"]["capability"], "context.capability")
@@ -361,17 +383,22 @@ def _rule_backends(section: dict, groups: dict[str, Group], where: str,
     return rule_backends
 
 
-def _named_groups(names: list[str], groups: dict[str, Group], where: str, device: str) -> dict[str, Group]:
-    """Microbench groups a later stage runs again (stability) or reports on (triton), by name."""
-    for name in names:
-        if name not in groups:
-            raise ConfigError(f"{where}: {name!r} is not in microbench.{device}.groups; allowed: {', '.join(groups)}")
-    return {name: groups[name] for name in names}
+def _named_groups(names: list[str], groups: dict[str, Group]) -> dict[str, Group]:
+    """Microbench groups a later stage runs again (stability) or reports on (triton), by name: those of this
+    device's grid (:func:`check_config` checks that each name is in some device's grid)."""
+    return {name: groups[name] for name in names if name in groups}
 
 
 def check_config(config: dict, rule_backend_files: list[str] | None = None) -> dict[str, Plan]:
     """Plan every device, so that a CPU host checks the ``cuda`` blocks too; one-line ConfigError on any problem."""
-    return {device: _plan_device(config, device, f"planned for {device}", rule_backend_files) for device in DEVICES}
+    plans = {device: _plan_device(config, device, f"planned for {device}", rule_backend_files) for device in DEVICES}
+    for section in ("stability", "triton"):
+        known = {g for device in DEVICES for g in config["microbench"][device]["groups"]}
+        for name in config[section]["groups"]:
+            if name not in known:
+                raise ConfigError(f"{section}.groups: {name!r} is not a group of microbench.cpu or microbench.cuda; "
+                                  f"allowed: {', '.join(sorted(known))}")
+    return plans
 
 
 def build_plan(config: dict, device: str | None = None, rule_backend_files: list[str] | None = None) -> Plan:
@@ -416,7 +443,7 @@ def job_cases(payload: dict) -> list[Case]:
         raise ConfigError(f"job {payload.get('stage')}/{payload.get('group')}: a case is not valid ({err})") from None
 
 
-RESULTS_STAGES = ("microbench", "microbench-rule", "stability", "hbm", "context-cost", "triton")
+RESULTS_STAGES = ("microbench", "microbench-rule", "stability", "hbm", "context-cost")
 
 
 def resolve_job(*, job: str | None, config: str | None, stage: str, name: str | None,

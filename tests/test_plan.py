@@ -78,7 +78,7 @@ def test_a_stage_the_sweep_does_not_run_plans_no_jobs_but_is_still_checked():
     ("microbench.cpu.rule_backends", {"c-naive": ["nope"]}, "group='nope' is not in this plan's groups"),
     ("microbench.cpu.rule_backends", {"eager": ["g"]}, "'eager' is a Python adapter's name"),
     ("microbench.cpu.groups.flexonly.backends", ["eager"], "runs on eager in both 'g' and 'flexonly'"),
-    ("stability.groups", ["nope"], "stability.groups: 'nope' is not in microbench.cpu.groups"),
+    ("stability.groups", ["nope"], "stability.groups: 'nope' is not a group of microbench.cpu or microbench.cuda"),
     ("pretrain.model.backend", "fa9", "names backend='fa9', which is not known; allowed: auto, eager"),
     ("pretrain.cuda.model.backend", "fa9", "backend='fa9', which is not known"),
     ("pretrain.cuda.train.steps", 0, "pretrain.cuda.train.steps: 0 is less than the minimum of 1"),

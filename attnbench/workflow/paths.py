@@ -38,7 +38,8 @@ CONTEXT_ROPE = RESULTS + "/context/rope_overhead.parquet"
 PRETRAIN_DIR = RESULTS + "/pretrain/{experiment}"
 PRETRAIN_RUNS = PRETRAIN_DIR + "/runs.parquet"
 PRETRAIN_STEPS = PRETRAIN_DIR + "/steps.parquet"
-TRITON = RESULTS + "/triton/{group}.parquet"
+TRITON_PRECOMPILE = RESULTS + "/triton/precompile.parquet"  # Triton configs compiled ahead of the timed jobs
+TRITON_COMPILER = RESULTS + "/triton/compiler.parquet"  # the compiler report on our Triton kernels
 
 # Each stage's tables and figures: <stage>/tables/{name}.{md,tex,csv}, <stage>/figures/{name}.{png,svg},
 # and one index of both with their captions, read by the report, `snakemake --report` and publishing.

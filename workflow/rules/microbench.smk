@@ -3,10 +3,15 @@
 # workflow/rules/backends/<name>.smk; the ones the sweep names are included here.
 
 
+TRITON_PRECOMPILE_GROUPS = PLAN.triton_precompile_groups()
+
+
 rule microbench:
     input:
         job=job_file("microbench", "{group}"),
         ceilings=P.CEILINGS,
+        # groups that time our Triton kernels on a GPU wait for their configs to be compiled (triton.smk)
+        precompiled=lambda wildcards: [P.TRITON_PRECOMPILE] if wildcards.group in TRITON_PRECOMPILE_GROUPS else [],
     output:
         P.MICROBENCH,
     log:

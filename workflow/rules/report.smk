@@ -7,6 +7,7 @@ REPORT_STAGE_FILES = {
     "hbm": [P.HBM_TABLE, P.HBM_LEDGER, *HBM_FIGURE_FILES] if PLAN.hbm else [],
     "pretrain": [f for e in PLAN.pretrain for f in pretrain_report_files(PRETRAIN, e)],
     "context": CONTEXT_TABLES if PLAN.capability else [],
+    "triton": [P.TRITON_COMPILER] if PLAN.triton else [],
 }
 REPORT_NOTEBOOKS = [str(Path(workflow.basedir, "workflow", "notebooks", "microbench.py"))]
 

@@ -1,4 +1,6 @@
-"""Backends ``triton`` (forward + backward, fp16/bf16) and ``triton-fp8`` (e4m3 forward with block scales).
+"""Backends ``triton`` (forward + backward, fp16/bf16; the dQ path timed per shape), ``triton-dq-atomic`` and
+``triton-dq-separate`` (the same with the backward's dQ path pinned) and ``triton-fp8`` (e4m3 forward with
+block scales).
 
 Nothing here imports Triton at module level: the registry lists both backends
 on hosts without it, as unavailable with the install hint. The kernels run on
@@ -71,6 +73,22 @@ class TritonFlash(_Triton):
         from attnbench.kernels.triton.autograd import attention
 
         return attention(q, k, v, causal=causal, scale=scale, dq_mode=self.dq_mode)
+
+
+@register
+class TritonDqAtomic(TritonFlash):
+    """``triton`` with the backward's dQ path pinned to one kernel adding dQ with atomics."""
+
+    name = "triton-dq-atomic"
+    dq_mode = "atomic"
+
+
+@register
+class TritonDqSeparate(TritonFlash):
+    """``triton`` with the backward's dQ path pinned to a dK/dV kernel, then a dQ kernel."""
+
+    name = "triton-dq-separate"
+    dq_mode = "separate"
 
 
 @register

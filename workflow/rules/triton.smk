@@ -1,0 +1,43 @@
+# Our Triton kernels (docs/triton.md). On a GPU, every autotuning config the sweep's timed triton cases need is
+# compiled first, in parallel processes (`attnbench triton precompile`), so the microbench jobs that time them
+# find Triton's cache warm; the triton stage then writes the compiler's report on the kernels of its groups.
+
+
+rule triton_precompile:
+    input:
+        job=job_file("triton", "precompile"),
+    output:
+        P.TRITON_PRECOMPILE,
+    log:
+        job_log("triton", "precompile"),
+    benchmark:
+        job_benchmark("triton", "precompile")
+    params:
+        lease=LEASE,
+    threads: CORES
+    resources:
+        gpu=int(ON_GPU),
+    conda:
+        "../envs/attnbench.yaml"
+    shell:
+        "{params.lease} attnbench triton precompile --job {input.job:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule triton_report:
+    input:
+        job=job_file("triton", "compiler"),
+    output:
+        P.TRITON_COMPILER,
+    log:
+        job_log("triton", "compiler"),
+    benchmark:
+        job_benchmark("triton", "compiler")
+    params:
+        lease=LEASE,
+    threads: JOB_THREADS
+    resources:
+        gpu=int(ON_GPU),
+    conda:
+        "../envs/attnbench.yaml"
+    shell:
+        "{params.lease} attnbench triton report --job {input.job:q} --out {output:q} > {log:q} 2>&1"
