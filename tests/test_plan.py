@@ -207,3 +207,22 @@ def test_the_start_line_gives_jobs_per_stage_and_the_time_earlier_runs_took(tmp_
     (tmp_path / "microbench").mkdir()
     (tmp_path / "microbench" / "g.tsv").write_text("s\th:m:s\tmax_rss\n90.0\t0:01:30\t1\n")
     assert plan.summary(tmp_path).endswith("; 1 of 3 jobs took 1.5 min together when this sweep last ran them")
+
+
+def test_config_readme_documents_every_key():
+    from attnbench.workloads.grid import GRID_KEYS
+
+    readme = (REPO / "config" / "README.md").read_text()
+    top = configs.load_schema()
+    keys = [f"`{k}`" for k in top["properties"] if k != "timing"] + ["`extends`"]
+    keys += [f"`timing.{k}`" for k in top["properties"]["timing"]["properties"]]
+    keys += [f"`{k}`" for k in top["$defs"]["plan"]["properties"]] + [f"`{k}`" for k in GRID_KEYS]
+    for section in ("report", "stability", "triton"):
+        schema = configs.load_schema(section)
+        for key, sub in schema["properties"].items():
+            inner = sub.get("properties")
+            keys += [f"`{section}.{key}.{k}`" for k in inner] if inner else [f"`{section}.{key}`"]
+    keys += [f"`pretrain.{k}`" for k in ("cuda", "time_limit_s", "compile_fallback")]
+    keys += [f"`pretrain.select.{k}`" for k in configs.load_schema("pretrain")["properties"]["select"]["properties"]]
+    missing = [k for k in keys if k not in readme]
+    assert not missing, f"config/README.md does not document {missing}"
