@@ -149,6 +149,33 @@ def load_files(paths: list[str | Path], overrides: dict | None = None) -> dict:
     return merged
 
 
+def command_line_overrides(values: dict) -> dict:
+    """``snakemake --config key=value`` values, typed as YAML types them.
+
+    Snakemake types a plain value itself (int, float, bool, string) but reads a structured one
+    (``timing='{rep_ms: 7}'``, ``stages=[microbench]``) with YAML's BaseLoader, which leaves every
+    scalar a string; the leaves of those are read again with the safe loader (``'7'`` -> 7).
+    """
+    def typed(value, nested: bool):
+        if isinstance(value, dict):
+            return {k: typed(v, True) for k, v in value.items()}
+        if isinstance(value, list):
+            return [typed(v, True) for v in value]
+        if nested and isinstance(value, str):
+            loader = _StrictLoader(value)
+            loader.name = "--config"
+            try:
+                parsed = loader.get_single_data()
+            except yaml.YAMLError:
+                return value
+            finally:
+                loader.dispose()
+            return parsed if not isinstance(parsed, (dict, list)) else value
+        return value
+
+    return {key: typed(value, False) for key, value in values.items()}
+
+
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:
     """Read, resolve ``extends:``, and validate one config file: the validated, default-filled config."""
     return validate_config(load_files([path], overrides))

@@ -226,3 +226,10 @@ def test_config_readme_documents_every_key():
     keys += [f"`pretrain.select.{k}`" for k in configs.load_schema("pretrain")["properties"]["select"]["properties"]]
     missing = [k for k in keys if k not in readme]
     assert not missing, f"config/README.md does not document {missing}"
+
+
+def test_structured_command_line_overrides_are_typed_as_yaml_types_them():
+    # what Snakemake hands over for --config seed=3 'stages=[microbench]' 'timing={rep_ms: 7, warmup_ms: 2.5}'
+    raw = {"seed": 3, "stages": ["microbench"], "timing": {"rep_ms": "7", "warmup_ms": "2.5"}, "sweep": "x"}
+    assert configs.command_line_overrides(raw) == {"seed": 3, "stages": ["microbench"], "sweep": "x",
+                                                   "timing": {"rep_ms": 7, "warmup_ms": 2.5}}

@@ -20,8 +20,8 @@ RULE_BACKEND_DIR = Path(workflow.basedir, "workflow", "rules", "backends")
 try:
     # --configfile files (each with its extends: chain), else the repository's default sweep; --config on top
     CONFIG_FILES = list(workflow.config_settings.configfiles) or [Path(workflow.basedir, "config", "config.yaml")]
-    CONFIG = attnbench_config.validate_config(
-        attnbench_config.load_files(CONFIG_FILES, dict(workflow.config_settings.config)))
+    OVERRIDES = attnbench_config.command_line_overrides(dict(workflow.config_settings.config))
+    CONFIG = attnbench_config.validate_config(attnbench_config.load_files(CONFIG_FILES, OVERRIDES))
     PLAN = build_plan(CONFIG, rule_backend_files=[p.stem for p in RULE_BACKEND_DIR.glob("*.smk")])
 except ConfigError as err:  # one line naming the key and the allowed values, no traceback
     sys.exit(f"attnbench: config error: {err}")
