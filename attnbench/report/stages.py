@@ -54,14 +54,20 @@ def _microbench_names(parts: tuple[str, ...]):
     return (*tables.TABLE_NAMES, *backends.TABLE_NAMES, "triton_vs_best"), figures.FIGURE_NAMES
 
 
+def stability_part(part: str) -> dict[str, str]:
+    """A stability job's name, ``<group>/<process>``, as the wildcards of :data:`paths.STABILITY`."""
+    group, process = part.rsplit("/", 1)
+    return {"group": group, "index": process}
+
+
 def _stability(results: Path, parts: tuple[str, ...]) -> StageOutputs:
     from attnbench.report import stability
 
     frames = []
     for part in parts:
-        group, process = part.rsplit("/", 1)
-        frame = pd.read_parquet(paths.within(results, paths.STABILITY, group=group, index=process))
-        frames.append(frame.assign(process=int(process)))
+        wildcards = stability_part(part)
+        frame = pd.read_parquet(paths.within(results, paths.STABILITY, **wildcards))
+        frames.append(frame.assign(process=int(wildcards["index"])))
     return stability.build(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
 
 

@@ -30,7 +30,7 @@ rule microbench_tables:
     benchmark:
         f"{P.BENCHMARKS}/microbench-tables.tsv"
     params:
-        results=P.RESULTS,
+        results=sweep_folder,
     conda:
         "../envs/attnbench.yaml"
     shell:

@@ -12,7 +12,7 @@ from snakemake.utils import min_version
 from attnbench import config as attnbench_config
 from attnbench.errors import ConfigError
 from attnbench.plan import NAME_PATTERN, build_plan
-from attnbench.report.stages import STAGE_REPORTS, declared_outputs, index_labels
+from attnbench.report.stages import STAGE_REPORTS, declared_outputs, index_labels, stability_part
 from attnbench.workflow import paths
 
 min_version("8.20")
@@ -70,3 +70,8 @@ def stage_outputs(stage, parts=()):
 
 def stage_index(stage):
     return P.STAGE_INDEX.format(stage=stage)
+
+
+def sweep_folder(wildcards, output):
+    """results/<sweep>, from a tables rule's index (results/<sweep>/<stage>/tables/index.json)."""
+    return Path(output.index).parents[2]

@@ -122,7 +122,7 @@ rule context_tables:
     log:
         f"{P.LOGS}/context/tables.log",
     params:
-        results=P.RESULTS,
+        results=sweep_folder,
     conda:
         "../envs/attnbench.yaml"
     shell:

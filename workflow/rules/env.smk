@@ -45,7 +45,7 @@ rule env_tables:
     log:
         f"{P.LOGS}/env-tables.log",
     params:
-        results=P.RESULTS,
+        results=sweep_folder,
     conda:
         "../envs/attnbench.yaml"
     shell:

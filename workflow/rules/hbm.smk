@@ -66,7 +66,7 @@ rule hbm_tables:
     log:
         f"{P.LOGS}/hbm/tables.log",
     params:
-        results=P.RESULTS,
+        results=sweep_folder,
     conda:
         "../envs/attnbench.yaml"
     shell:

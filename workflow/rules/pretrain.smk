@@ -41,7 +41,7 @@ rule pretrain_tables:
     log:
         f"{P.LOGS}/pretrain/tables.log",
     params:
-        results=P.RESULTS,
+        results=sweep_folder,
         parts=[word for name in PRETRAIN_EXPERIMENTS for word in ("--part", name)],
     conda:
         "../envs/attnbench.yaml"

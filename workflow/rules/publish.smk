@@ -17,7 +17,7 @@ rule publish:
     log:
         f"{P.LOGS}/publish.log",
     params:
-        results=P.RESULTS,
+        results=lambda wildcards, input: Path(input.indexes[0]).parents[2],
         stages=[word for stage in REPORT_STAGES for word in ("--stage", stage)],
         project=WANDB["project"],
         entity=["--entity", WANDB["entity"]] if WANDB["entity"] else [],

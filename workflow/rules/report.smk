@@ -19,7 +19,7 @@ rule report:
     benchmark:
         f"{P.BENCHMARKS}/report.tsv"
     params:
-        results=P.RESULTS,
+        results=lambda wildcards, input: Path(input.indexes[0]).parents[2],
         notebooks=lambda wildcards, input: Path(input.notebooks[0]).parent,
         stages=[word for stage in REPORT_STAGES for word in ("--stage", stage)],
     conda:

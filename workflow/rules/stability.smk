@@ -31,13 +31,13 @@ rule stability:
 
 rule stability_tables:
     input:
-        [P.STABILITY.format(group=part.rsplit("/", 1)[0], index=part.rsplit("/", 1)[1]) for part in STABILITY_PARTS],
+        [P.STABILITY.format(**stability_part(part)) for part in STABILITY_PARTS],
     output:
         **stage_outputs("stability", STABILITY_PARTS),
     log:
         f"{P.LOGS}/stability/tables.log",
     params:
-        results=P.RESULTS,
+        results=sweep_folder,
         parts=[word for part in STABILITY_PARTS for word in ("--part", part)],
     conda:
         "../envs/attnbench.yaml"

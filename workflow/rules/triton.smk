@@ -12,7 +12,7 @@ rule triton_tables:
     log:
         f"{P.LOGS}/triton/tables.log",
     params:
-        results=P.RESULTS,
+        results=sweep_folder,
     conda:
         "../envs/attnbench.yaml"
     shell:
