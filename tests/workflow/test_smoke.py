@@ -33,7 +33,7 @@ def sweep(tmp_path_factory):
            "WANDB_CONFIG_DIR": str(workdir / "wandb-config"), "WANDB_CACHE_DIR": str(workdir / "wandb-cache")}
     proc = subprocess.run(["snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "publish",
                            "--cores", "2", "--configfile", "smoke.yaml"],
-                          cwd=workdir, capture_output=True, text=True, timeout=1500, env=env)
+                          cwd=workdir, capture_output=True, text=True, timeout=3600, env=env)  # minutes when quiet
     assert proc.returncode == 0, proc.stderr[-5000:]
     return workdir
 
