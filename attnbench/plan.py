@@ -257,17 +257,19 @@ class Plan:
         return [g.name for g in self.microbench.values() if set(g.backends) & set(TRITON_BACKENDS)]
 
     def triton_jobs(self) -> list[Job]:
-        """``triton/precompile``: every config the timed triton cases need, compiled in parallel first (GPU
+        """``precompile/triton``: every config the timed triton cases need, compiled in parallel first (GPU
         only); ``triton/compiler``: the compiler report on the triton stage's groups."""
         jobs = []
-        for name, groups in (("precompile", [self.microbench[g] for g in self.triton_precompile_groups()]),
-                             ("compiler", list(self.triton.values()))):
+        # the precompilation serves the microbench stage (plan/precompile/triton.json), the report the triton stage
+        for stage, name, groups in (("precompile", "triton", [self.microbench[g] for g in self.triton_precompile_groups()]),
+                                    ("triton", "compiler", list(self.triton.values()))):
             if groups:
                 cases = list(dict.fromkeys(c for g in groups for c in g.cases))
                 backends = list(dict.fromkeys(b for g in groups for b in g.backends))
-                jobs.append(Job("triton", name, {"stage": f"triton-{name}", "sweep": self.sweep,
-                                                 "device": self.device, "seed": self.view["seed"],
-                                                 "cases": [c.fields() for c in cases], "backends": backends}))
+                kind = "precompile" if stage == "precompile" else name
+                jobs.append(Job(stage, name, {"stage": f"triton-{kind}", "sweep": self.sweep, "device": self.device,
+                                              "seed": self.view["seed"], "cases": [c.fields() for c in cases],
+                                              "backends": backends}))
         return jobs
 
     def job(self, stage: str, name: str) -> Job:

@@ -14,7 +14,7 @@ def _cmd(args) -> int:
     from attnbench.bench.results import write_atomic
     from attnbench.plan import job_cases, read_job
 
-    job = read_job(args.job, (f"triton-{args.action}",))
+    job = read_job(args.job, ({"precompile": "triton-precompile", "report": "triton-compiler"}[args.action],))
     cases, device = job_cases(job), job["device"]
     if args.action == "precompile":
         from attnbench.compiler.precompile import precompile, tasks_for
@@ -37,6 +37,6 @@ def _cmd(args) -> int:
 def add_commands(sub) -> None:
     parser = sub.add_parser("triton", help="our Triton kernels: precompile their configs, report on the compiler")
     parser.add_argument("action", choices=["precompile", "report"])
-    parser.add_argument("--job", required=True, help="the plan file, results/<sweep>/plan/triton/<precompile|compiler>.json")
+    parser.add_argument("--job", required=True, help="the plan file: results/<sweep>/plan/precompile/triton.json, or plan/triton/compiler.json")
     parser.add_argument("--out", required=True)
     parser.set_defaults(func=_cmd)

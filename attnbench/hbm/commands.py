@@ -1,9 +1,10 @@
-"""``attnbench hbm | ledger | hbm-figures``: the hbm stage's subcommands (listed in cli.COMMAND_MODULES).
+"""``attnbench hbm | hbm-table | ledger``: the hbm stage's subcommands (listed in cli.COMMAND_MODULES).
 
   hbm          time and ncu-profile one group of the config's ``hbm.groups`` into a parquet file
   hbm-table    merge hbm job files into one table
   ledger       KV bytes/token per layout (+ measured decode check) and attention bytes per training step
-  hbm-figures  ratio bars, roofline and ledger charts from those two tables
+
+Its tables and figures (ratio bars, roofline, the KV ledger): ``attnbench tables hbm`` (attnbench.report.hbm).
 """
 from __future__ import annotations
 
@@ -87,14 +88,6 @@ def _cmd_ledger(args) -> int:
     return 0
 
 
-def _cmd_figures(args) -> int:
-    from attnbench.report.hbm import write_figures
-
-    paths = write_figures(_read_tables(args.hbm), pd.read_parquet(args.ledger), args.out)
-    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
-    return 0
-
-
 def add_commands(sub) -> None:
     p = sub.add_parser("hbm", help="measure DRAM bytes per (case, backend) with Nsight Compute")
     p.add_argument("--job", help="the job's plan file, results/<sweep>/plan/hbm/<group>.<backend>.json")
@@ -117,10 +110,3 @@ def add_commands(sub) -> None:
     p.add_argument("--hbm", action="append", help="hbm parquet(s) whose decode rows check the formulas")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_ledger)
-
-    p = sub.add_parser("hbm-figures", help="ratio bars, roofline and ledger charts")
-    p.add_argument("--hbm", action="append", required=True, help="hbm parquet (repeatable)")
-    p.add_argument("--ledger", required=True, help="ledger parquet")
-    p.add_argument("--out", required=True, help="folder for " + ", ".join(("hbm-ratios.png", "roofline.png",
-                                                                           "kv-ledger.png")))
-    p.set_defaults(func=_cmd_figures)

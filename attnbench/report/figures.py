@@ -1,4 +1,4 @@
-"""Report figures from the joined results (seaborn on matplotlib's Agg backend).
+"""The microbench stage's figures from the joined results (seaborn on matplotlib's Agg backend).
 
 Figures
   roofline               achieved FLOP/s against intensity (flops / bytes_model), under the roofs of the
@@ -13,8 +13,6 @@ declared outputs always exist.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -23,11 +21,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from attnbench.report.tables import PREFILL, device_text, reference_slice  # noqa: E402
+from attnbench.report.artifacts import Figure  # noqa: E402
+from attnbench.report.tables import FLOP_CONVENTION, PREFILL, device_text, reference_slice  # noqa: E402
 
 FIGURE_NAMES = ("roofline", "throughput_vs_context", "decode_bandwidth", "error_ratio")
-FORMATS = ("png", "svg")
-DPI = 110
 
 
 def _label_lengths(ax: plt.Axes, lengths: pd.Series) -> None:
@@ -136,15 +133,18 @@ BUILDERS = {"roofline": roofline, "throughput_vs_context": throughput_vs_context
             "decode_bandwidth": decode_bandwidth, "error_ratio": error_ratio}
 
 
-def write_figures(df: pd.DataFrame, folder: str | Path) -> list[Path]:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in FIGURE_NAMES:
-        fig = BUILDERS[name](df)
-        for ext in FORMATS:
-            path = folder / f"{name}.{ext}"
-            fig.savefig(path, dpi=DPI, bbox_inches="tight")
-            paths.append(path)
-        plt.close(fig)
-    return paths
+CAPTIONS = {
+    "roofline": "Achieved FLOP/s against arithmetic intensity (FLOPs over the bytes the backend's algorithm moves, "
+                "bytes_model), one point per (case, backend), under the roofs of the ceilings measured on this host "
+                "at the start of the sweep (Williams et al. 2009). " + FLOP_CONVENTION + ".",
+    "throughput_vs_context": "TFLOP/s against context length per backend at the reference prefill shape (the "
+                             "tflops table's cells), log axes.",
+    "decode_bandwidth": "Decode bandwidth (bytes_model / median time) against KV length per head layout; the "
+                        "dashed line is the measured copy bandwidth.",
+    "error_ratio": "Output error against an fp64 reference relative to sdpa-math's in the same dtype, per backend "
+                   "and dtype; the dashed line is flash-attention's test rule (2x).",
+}
+
+
+def build_figures(df: pd.DataFrame) -> list[Figure]:
+    return [Figure(name, CAPTIONS[name], BUILDERS[name](df)) for name in FIGURE_NAMES]

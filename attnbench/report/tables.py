@@ -1,4 +1,4 @@
-"""Paper-style tables from the joined results: Markdown, LaTeX (booktabs) and CSV.
+"""The microbench stage's paper-style tables from the joined results (written by :mod:`attnbench.report.artifacts`).
 
 Each table is a :class:`Table`: a numeric frame (for CSV and for anyone who
 recomputes), a display frame (numbers at three significant digits; a cell with
@@ -16,13 +16,10 @@ Tables
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-
 import pandas as pd
 
 from attnbench.bench.results import STATUSES
+from attnbench.report.artifacts import Table, fmt, note_table
 
 PREFILL = ("fwd", "fwd_bwd")
 MEASURED = ("ok", "numerics_fail")  # rows that carry a time
@@ -33,35 +30,6 @@ FLOP_CONVENTION = ("FLOPs = 2·B·Hq·Sq·avg_kv·(D_qk + D_v), causal avg_kv = 
                    "(bottom-right aligned), fwd_bwd = 3.5 × fwd; query heads count, KV heads do not "
                    "(flash-attention benchmark convention)")
 TABLE_NAMES = ("tflops", "frac_peak", "err_ratio", "decode_gbps", "winners", "status")
-FORMATS = ("md", "tex", "csv")
-
-
-@dataclass
-class Table:
-    name: str
-    caption: str
-    values: pd.DataFrame  # numeric cells (status words where there is no number); index = row keys
-    display: pd.DataFrame  # formatted cells, same shape
-
-    def write(self, folder: str | Path) -> list[Path]:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = [folder / f"{self.name}.{ext}" for ext in FORMATS]
-        paths[0].write_text(to_markdown(self))
-        paths[1].write_text(to_latex(self))
-        self.values.reset_index().to_csv(paths[2], index=False)
-        return paths
-
-
-def fmt(value) -> str:
-    """Three significant digits, whole numbers from 1000 up (4210, not 4.21e+03); words and empty cells pass through."""
-    if isinstance(value, str):
-        return value
-    if value is None or pd.isna(value):
-        return ""
-    if 1000 <= abs(value) < 1e7:
-        return f"{value:.0f}"
-    return f"{value:.3g}"
 
 
 def device_text(df: pd.DataFrame) -> str:
@@ -182,8 +150,7 @@ def _caption(what: str, shape: str, df: pd.DataFrame, extra: str = "") -> str:
 
 
 def _empty(name: str, caption: str, note: str) -> Table:
-    frame = pd.DataFrame({"note": [note]}).set_index("note")
-    return Table(name, caption, frame, frame)
+    return note_table(name, caption, note)
 
 
 def tflops_table(df: pd.DataFrame) -> Table:
@@ -288,37 +255,3 @@ BUILDERS = {"tflops": tflops_table, "frac_peak": frac_peak_table, "err_ratio": e
 
 def build_tables(df: pd.DataFrame) -> list[Table]:
     return [BUILDERS[name](df) for name in TABLE_NAMES]
-
-
-def to_markdown(table: Table) -> str:
-    return f"Table ({table.name}): {table.caption}\n\n{table.display.reset_index().to_markdown(index=False)}\n"
-
-
-_LATEX_SPECIAL = {"·": r"$\cdot$", "×": r"$\times$", "−": "-", "\\": r"\textbackslash{}", "&": r"\&",
-                  "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                  "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
-
-
-def to_latex(table: Table) -> str:
-    """A booktabs table (``\\toprule``/``\\midrule``/``\\bottomrule``; needs ``\\usepackage{booktabs}``)."""
-    frame = table.display.reset_index()
-    frame.columns = [latex_escape(c) for c in frame.columns]
-    frame = frame.map(latex_escape)
-    styler = frame.style.hide(axis="index")
-    return styler.to_latex(caption=latex_escape(table.caption), label=f"tab:{table.name}", hrules=True,
-                           position_float="centering", column_format="l" * frame.shape[1])
-
-
-def write_tables(df: pd.DataFrame, folder: str | Path) -> dict[str, dict]:
-    """Write every table in every format plus ``index.json`` (name -> caption and files)."""
-    folder = Path(folder)
-    index = {}
-    for table in build_tables(df):
-        paths = table.write(folder)
-        index[table.name] = {"caption": table.caption, "files": [p.name for p in paths]}
-    (folder / "index.json").write_text(json.dumps(index, indent=2))
-    return index

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 CONDA_NAMES = {"torch": "pytorch"}  # pip name -> conda-forge name where they differ
-PIP_ONLY = ("triton", "wandb")  # installed with pip inside the environment (conda-forge's builds lag or differ)
+PIP_ONLY = ("triton", "wandb", "wandb-workspaces")  # installed with pip inside the environment (conda-forge's builds lag or differ)
 HEADER = "# Generated from pyproject.toml by `python -m attnbench.workflow.condaenv`; do not edit.\n"
 
 

@@ -7,6 +7,8 @@ a sweep writes is under ``results/<sweep>/`` and ``reports/<sweep>/``; sweep and
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 RESULTS = "results/{sweep}"
 REPORTS = "reports/{sweep}"
 
@@ -35,6 +37,8 @@ CONTEXT_COST = RESULTS + "/context/cost/{group}.parquet"
 CONTEXT_CHECKPOINT = RESULTS + "/context/pretrain.pt"
 CONTEXT_CAPABILITY = RESULTS + "/context/capability/{method}.parquet"
 CONTEXT_ROPE = RESULTS + "/context/rope_overhead.parquet"
+CONTEXT_CAPABILITY_ALL = RESULTS + "/context/capability.parquet"  # every method's rows, merged
+CONTEXT_COST_ALL = RESULTS + "/context/cost.parquet"  # every cost group's rows, merged
 PRETRAIN_DIR = RESULTS + "/pretrain/{experiment}"
 PRETRAIN_RUNS = PRETRAIN_DIR + "/runs.parquet"
 PRETRAIN_STEPS = PRETRAIN_DIR + "/steps.parquet"
@@ -43,9 +47,17 @@ TRITON_COMPILER = RESULTS + "/triton/compiler.parquet"  # the compiler report on
 
 # Each stage's tables and figures: <stage>/tables/{name}.{md,tex,csv}, <stage>/figures/{name}.{png,svg},
 # and one index of both with their captions, read by the report, `snakemake --report` and publishing.
+STAGE_DIR = RESULTS + "/{stage}"
 STAGE_TABLES = RESULTS + "/{stage}/tables"
 STAGE_FIGURES = RESULTS + "/{stage}/figures"
 STAGE_INDEX = RESULTS + "/{stage}/tables/index.json"
 
 REPORT_HTML = REPORTS + "/report.html"
 PUBLISHED = RESULTS + "/wandb/published.json"
+
+
+def within(results_dir: str | Path, template: str, **wildcards) -> Path:
+    """``template`` (one of the names above) inside a given sweep folder instead of ``results/<sweep>``."""
+    if not template.startswith(RESULTS + "/"):
+        raise ValueError(f"{template!r} is not under {RESULTS}; allowed: a template of a sweep's results")
+    return Path(results_dir) / template[len(RESULTS) + 1:].format(**wildcards)

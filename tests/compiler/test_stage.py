@@ -36,8 +36,8 @@ def test_compiler_rows_on_cpu_say_why_for_every_pair():
 def test_triton_sweep_plans_precompilation_only_on_a_gpu_and_the_report_for_its_groups():
     config = configs.load_config(REPO / "config" / "sweeps" / "h200-triton.yaml")
     plans = planner.check_config(config)
-    cuda = {j.name: j.payload for j in plans["cuda"].jobs() if j.stage == "triton"}
-    assert set(cuda) == {"precompile", "compiler"}
+    cuda = {j.payload["stage"]: j.payload for j in plans["cuda"].jobs() if j.stage in ("triton", "precompile")}
+    assert set(cuda) == {"triton-precompile", "triton-compiler"}
     assert set(plans["cuda"].triton_precompile_groups()) == {"fwd", "fwd-fp8", "fwd_bwd"}
-    assert "triton-dq-separate" in cuda["compiler"]["backends"] and len(cuda["compiler"]["cases"]) == 64  # fwd-fp8 shares fwd's cases
+    assert "triton-dq-separate" in cuda["triton-compiler"]["backends"] and len(cuda["triton-compiler"]["cases"]) == 64  # fwd-fp8 shares fwd's cases
     assert plans["cpu"].triton_precompile_groups() == []  # the interpreter compiles nothing ahead

@@ -9,7 +9,8 @@ from attnbench.case import Case
 from attnbench.bench.results import ResultsError, empty_row, to_frame
 from attnbench.report import tables
 from attnbench.report.aggregate import load_results
-from attnbench.report.figures import FIGURE_NAMES, FORMATS, write_figures
+from attnbench.report.artifacts import FIGURE_FORMATS, StageOutputs, write_stage
+from attnbench.report.figures import FIGURE_NAMES, build_figures
 
 PEAK, BW = 100e12, 2e12  # ceilings of the made-up device
 
@@ -100,17 +101,18 @@ def test_status_table_counts_every_backend_with_reasons(frame):
 
 
 def test_formats_and_index(frame, tmp_path):
-    index = tables.write_tables(frame, tmp_path)
-    assert set(index) == set(tables.TABLE_NAMES)
-    tex = (tmp_path / "tflops.tex").read_text()
+    index = write_stage("microbench", StageOutputs(tables.build_tables(frame)), tmp_path)
+    assert [t["name"] for t in index["tables"]] == list(tables.TABLE_NAMES)
+    tex = (tmp_path / "tables" / "tflops.tex").read_text()
     assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex and "\\caption{" in tex
-    assert "fwd\\_bwd" not in tex or "\\_" in tex  # underscores escaped
-    md = (tmp_path / "tflops.md").read_text()
+    assert "fwd_bwd" not in tex  # underscores escaped
+    md = (tmp_path / "tables" / "tflops.md").read_text()
     assert md.startswith("Table (tflops): ") and "| backend" in md
-    csv = pd.read_csv(tmp_path / "tflops.csv")
+    csv = pd.read_csv(tmp_path / "tables" / "tflops.csv")
     assert {"mode", "dtype", "backend", "S=1024", "S=4096"} <= set(csv.columns)
-    assert json.loads((tmp_path / "index.json").read_text())["status"]["files"] == [
-        "status.md", "status.tex", "status.csv"]
+    status = json.loads((tmp_path / "tables" / "index.json").read_text())["tables"][-1]
+    assert status["name"] == "status" and status["group"] == "microbench" and status["empty"] is False
+    assert status["files"] == {"md": "tables/status.md", "tex": "tables/status.tex", "csv": "tables/status.csv"}
 
 
 def test_empty_regimes_write_a_note_instead_of_failing(frame):
@@ -119,9 +121,11 @@ def test_empty_regimes_write_a_note_instead_of_failing(frame):
 
 
 def test_figures_are_written_even_without_decode_rows(frame, tmp_path):
-    paths = write_figures(frame[frame["mode"] != "decode"], tmp_path)
-    assert sorted(p.name for p in paths) == sorted(f"{n}.{e}" for n in FIGURE_NAMES for e in FORMATS)
+    index = write_stage("microbench", StageOutputs(figures=build_figures(frame[frame["mode"] != "decode"])), tmp_path)
+    paths = [tmp_path / f for entry in index["figures"] for f in entry["files"].values()]
+    assert sorted(p.name for p in paths) == sorted(f"{n}.{e}" for n in FIGURE_NAMES for e in FIGURE_FORMATS)
     assert all(p.stat().st_size > 1000 for p in paths)
+    assert all(entry["caption"] for entry in index["figures"])
 
 
 def test_aggregate_joins_parquet_and_csv_and_rejects_duplicates(frame, tmp_path):

@@ -348,12 +348,14 @@ def test_experiment_runs_and_renders_tables_and_figures(tmp_path):
     assert (div[div["step"] == 0].query("swap != 'seed'")[["max_abs", "rel_l2"]] == 0).all().all()  # same init
     assert (div[(div["swap"] == "seed") & (div["step"] == 8)]["rel_l2"] > 0.1).all()
     assert set(frames["numerics"]["status"]) == {"ok"} and (frames["numerics"]["out_rel_err"] < 1e-2).all()
-    from attnbench.report.pretrain import render
+    from attnbench.report.artifacts import write_stage
+    from attnbench.report.pretrain import build
 
-    paths = render("divergence", tmp_path / "exp", tmp_path / "report")
-    names = {p.name for p in paths}
+    index = write_stage("pretrain", build({"divergence": tmp_path / "exp"}), tmp_path / "report")
+    names = {Path(f).name for entry in index["tables"] + index["figures"] for f in entry["files"].values()}
     assert {"divergence.md", "divergence.tex", "divergence.csv", "divergence_loss.md", "divergence_numerics.md",
             "divergence.png"} <= names
+    assert {entry["group"] for entry in index["tables"]} == {"divergence"}
     assert "Golden et al. 2024" in (tmp_path / "report" / "tables" / "divergence.md").read_text()
 
 

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from attnbench.report.artifacts import TABLE_FORMATS
 from attnbench.report.figures import FIGURE_NAMES
-from attnbench.report.tables import FORMATS, TABLE_NAMES
+from attnbench.report.tables import TABLE_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ["eager", "sdpa-math", "sdpa-cudnn"]  # sdpa-cudnn: an unavailable row on a machine without CUDA
@@ -68,7 +69,7 @@ def test_sweep_writes_results_tables_figures_and_report(run):
     else:  # no compiler: every row says so
         assert naive.eq("unavailable").all()
     for name in TABLE_NAMES:
-        for ext in FORMATS:
+        for ext in TABLE_FORMATS:
             assert (results / "microbench" / "tables" / f"{name}.{ext}").stat().st_size > 0
     status = pd.read_csv(results / "microbench" / "tables" / "status.csv")
     assert set(status["backend"]) == set(BACKENDS + ["c-naive"])
@@ -108,12 +109,13 @@ def test_publish_offline_writes_a_wandb_run_and_never_the_key(run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     receipt = json.loads((workdir / "results" / "e2e" / "wandb" / "published.json").read_text())
     assert receipt["mode"] == "offline" and receipt["sync"].startswith("wandb sync ")
-    assert {"tables/results", "tables/tflops", "figures/roofline"} <= set(receipt["logged"])
+    assert {"microbench/results", "microbench/tflops", "microbench/figures/roofline", "env/ceilings"} <= set(
+        receipt["logged"])
     run_dir = (workdir / receipt["run_dir"]).parent
     assert run_dir.name.startswith("offline-run-")
     record = next(run_dir.glob("run-*.wandb")).read_bytes()  # offline runs keep config and history here
     assert b"provenance" in record and b"git_sha" in record and b"attnbench-e2e" in record
-    tables = list((run_dir / "files" / "media" / "table" / "tables").glob("*.table.json"))
+    tables = list((run_dir / "files" / "media" / "table" / "microbench").glob("*.table.json"))
     assert len(tables) >= len(TABLE_NAMES)
     assert list((run_dir / "files" / "media" / "images" / "figures").glob("roofline*.png"))
     for path in [*(workdir / "results").rglob("*"), *(workdir / ".snakemake" / "log").rglob("*")]:

@@ -12,42 +12,22 @@
 # ---
 
 # %% [markdown]
-# # Attention microbenchmarks
-#
 # Which attention backend is fastest for each problem shape, and whether memory bandwidth
-# or compute limits it. The pipeline renders this page from the sweep's aggregated tables
-# (`results/<sweep>/microbench.parquet` and `results/<sweep>/tables/`). To re-run it by hand:
-# `ATTNBENCH_RESULTS=results/<sweep> jupytext --to ipynb --execute workflow/notebooks/microbench.py`.
+# or compute limits it, from the sweep's joined rows (`results/<sweep>/microbench.parquet`) and the
+# stage's tables and figures (`results/<sweep>/microbench/tables/index.json`).
 
 # %%
-import io
-import json
-import os
-from pathlib import Path
-
-import matplotlib.pyplot as plt
 import pandas as pd
-from IPython.display import Image, Markdown, display
+from IPython.display import Markdown, display
 
-from attnbench.report import figures, tables
+from attnbench.report import escape, tables
+from attnbench.report.display import Stage, results_dir
+from attnbench.workflow import paths
 
-RESULTS = Path(os.environ.get("ATTNBENCH_RESULTS", "results/default"))
-df = pd.read_parquet(RESULTS / "microbench.parquet")
-TABLES = RESULTS / "microbench" / "tables"
-index = json.loads((TABLES / "index.json").read_text())
+df = pd.read_parquet(paths.within(results_dir(), paths.MERGED))
+stage = Stage("microbench")
+table, show_figure = stage.show_table, stage.show_figure
 ok = df[df["status"] == "ok"]
-
-
-def show(fig):
-    """Embed a figure as PNG (the HTML stays self-contained) and free it."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=figures.DPI, bbox_inches="tight")
-    plt.close(fig)
-    display(Image(buf.getvalue()))
-
-
-def table(name: str):
-    display(Markdown((TABLES / f"{name}.md").read_text()))
 
 
 def pct(x: float) -> str:
@@ -55,17 +35,17 @@ def pct(x: float) -> str:
 
 
 # %% [markdown]
-# ## At a glance
+# ### At a glance
 
 # %%
 sweep = df["sweep"].mode().iloc[0]
 counts = df.groupby("status").size()
 not_run = df[df["status"].isin(["unavailable", "unsupported"])].drop_duplicates("backend")
 lines = [
-    f"**Sweep** `{sweep}` on **{tables.device_text(df)}**: {len(df)} rows "
+    f"**Sweep** {escape.code(sweep)} on **{escape.markdown(tables.device_text(df))}**: {len(df)} rows "
     f"({', '.join(f'{n} {s}' for s, n in counts.items())}) over {df['case_id'].nunique()} cases and "
-    f"{df['backend'].nunique()} backends ({', '.join(dict.fromkeys(df['backend']))}).",
-    f"**Roofline**: {tables.ceilings_text(df)}.",
+    f"{df['backend'].nunique()} backends ({', '.join(escape.code(b) for b in dict.fromkeys(df['backend']))}).",
+    f"**Roofline**: {escape.markdown(tables.ceilings_text(df))}.",
 ]
 ridge = (ok["peak_flops"] / ok["peak_bytes_per_s"]).median() if len(ok) else float("nan")
 if ridge == ridge:
@@ -79,11 +59,11 @@ if len(over):
                  "size), so a kernel that beats them shows where they understate the machine's peak.")
 unavailable = df[df["status"] == "unavailable"].drop_duplicates("backend")
 for row in unavailable.itertuples():
-    lines.append(f"- `{row.backend}` could not run here: {row.reason}")
+    lines.append(f"- {escape.code(row.backend)} could not run here: {escape.markdown(row.reason)}")
 display(Markdown("\n\n".join(lines)))
 
 # %% [markdown]
-# ## Who wins where, and why
+# ### Who wins where, and why
 
 # %%
 def not_measured(frame: pd.DataFrame, modes) -> str:
@@ -96,7 +76,8 @@ def not_measured(frame: pd.DataFrame, modes) -> str:
     if rows.empty:
         return ""
     first = rows.drop_duplicates("backend")
-    return " Not measured: " + ", ".join(f"`{r.backend}` ({r.status}: {str(r.reason)[:80]})" for r in first.itertuples()) + "."
+    return " Not measured: " + ", ".join(f"{escape.code(r.backend)} ({r.status}: {escape.markdown(str(r.reason)[:80])})"
+                                         for r in first.itertuples()) + "."
 
 
 def winners_text(frame: pd.DataFrame) -> list[str]:
@@ -109,10 +90,10 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             g = g[g["seq_kv"] == longest]
             best = g.sort_values("tflops", ascending=False).iloc[0]
             rest = g[g["backend"] != best["backend"]]
-            margin = (f", {best['tflops'] / rest['tflops'].max():.2f}x the next ({rest.sort_values('tflops').iloc[-1]['backend']})"
-                      if len(rest) else "")
+            margin = (f", {best['tflops'] / rest['tflops'].max():.2f}x the next "
+                      f"({escape.code(rest.sort_values('tflops').iloc[-1]['backend'])})" if len(rest) else "")
             out.append(f"- **{mode}{' causal' if causal else ''} {dtype}, S={longest}** ({shape}): "
-                       f"`{best['backend']}` at {best['tflops']:.3g} TFLOP/s{margin}; {best['bound']}-bound, "
+                       f"{escape.code(best['backend'])} at {best['tflops']:.3g} TFLOP/s{margin}; {best['bound']}-bound, "
                        f"{pct(best['frac_of_peak'])} of the roofline at its intensity "
                        f"({best['intensity']:.3g} FLOP/B)." + not_measured(frame, [mode]))
     decode, shape = tables.reference_slice(frame[frame["status"] == "ok"], ("decode",), by_layout=True)
@@ -122,7 +103,7 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             g = g[g["seq_kv"] == longest]
             best = g.sort_values("gbps", ascending=False).iloc[0]
             share = best["gbps"] * 1e9 / best["peak_bytes_per_s"]
-            out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): `{best['backend']}` at "
+            out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): {escape.code(best['backend'])} at "
                        f"{tables.fmt(best['gbps'])} GB/s, {pct(share)} of the measured copy bandwidth; "
                        f"{best['bound']}-bound (intensity {best['intensity']:.3g} FLOP/B)."
                        + not_measured(frame, ["decode"]))
@@ -141,7 +122,7 @@ def why_text(frame: pd.DataFrame) -> list[str]:
     for label, rows in (("Prefill (fwd, fwd_bwd) with fused kernels", okf[~unfused & prefill]),
                         ("Decode with fused kernels", okf[~unfused & (okf["mode"] == "decode")]),
                         ("Prefill with kernels that write the S x S score matrix to memory ("
-                         + ", ".join(dict.fromkeys(okf.loc[unfused & prefill, "backend"])) + ")",
+                         + ", ".join(escape.code(b) for b in dict.fromkeys(okf.loc[unfused & prefill, "backend"])) + ")",
                          okf[unfused & prefill])):
         if rows.empty:
             continue
@@ -161,55 +142,53 @@ def why_text(frame: pd.DataFrame) -> list[str]:
 display(Markdown("\n".join(winners_text(df) + [""] + why_text(df))))
 
 # %%
-show(figures.roofline(df))
-display(Markdown("*Roofline.* Each point is one (case, backend): achieved FLOP/s against arithmetic intensity "
-                 "(FLOPs over the bytes the backend's algorithm moves, `bytes_model`). Lines are the roofs of the "
-                 "ceilings measured on this host at the start of the sweep. " + tables.FLOP_CONVENTION + "."))
+show_figure("roofline")
 
 # %% [markdown]
-# ## Throughput against context length
+# ### Throughput against context length
 
 # %%
-show(figures.throughput_vs_context(df))
+show_figure("throughput_vs_context")
 table("tflops")
 table("frac_peak")
 
 # %% [markdown]
-# ## Decode: bandwidth per head layout
+# ### Decode: bandwidth per head layout
 
 # %%
-show(figures.decode_bandwidth(df))
+show_figure("decode_bandwidth")
 table("decode_gbps")
 
 # %% [markdown]
-# ## Numerical error against fp64
+# ### Numerical error against fp64
 
 # %%
-show(figures.error_ratio(df))
+show_figure("error_ratio")
 table("err_ratio")
 
 # %% [markdown]
-# ## Every case's winner
+# ### Every case's winner
 
 # %%
-wins = pd.read_csv(TABLES / "winners.csv")
+wins = pd.read_csv(stage.path(stage.entry("tables", "winners"), "csv"))
 if "winner" in wins:
     summary = wins.groupby(["mode", "bound", "winner"]).size().rename("cases won").reset_index()
+    summary = summary.map(lambda v: escape.markdown_cell(v) if isinstance(v, str) else v)
     display(Markdown("Cases won per backend and roofline side:\n\n" + summary.to_markdown(index=False)))
 table("winners")
 
 # %% [markdown]
-# ## Rows per backend and status
+# ### Rows per backend and status
 
 # %%
 table("status")
 
 # %% [markdown]
-# ## Provenance
+# ### Provenance of the rows
 
 # %%
 fields = ["device_name", "driver", "torch_version", "cuda_version", "cudnn_version", "triton_version",
           "python_version", "git_sha", "host"]
-prov = df[fields].astype("string").fillna("").drop_duplicates()
+prov = df[fields].astype("string").fillna("").drop_duplicates().map(escape.markdown_cell)
 display(Markdown(prov.to_markdown(index=False)))
 display(Markdown(f"Measured {df['timestamp'].min()} to {df['timestamp'].max()} (UTC)."))

@@ -12,6 +12,7 @@ from snakemake.utils import min_version
 from attnbench import config as attnbench_config
 from attnbench.errors import ConfigError
 from attnbench.plan import NAME_PATTERN, build_plan
+from attnbench.report.stages import STAGE_REPORTS, declared_outputs, index_labels, stability_part
 from attnbench.workflow import paths
 
 min_version("8.20")
@@ -53,3 +54,32 @@ CORES = workflow.cores or 1  # unset in some modes (e.g. --lint without a profil
 JOB_THREADS = min(4, CORES) if ON_GPU else CORES
 # The one lease mechanism: every job that uses the GPU runs under `attnbench lease`.
 LEASE = "attnbench lease --" if ON_GPU else ""
+
+
+def stage_outputs(stage, parts=()):
+    """A stage's tables rule's named outputs (attnbench.report.stages.declared_outputs): its index, every
+    table and figure, the CSV and PNG of each marked for `snakemake --report` in the stage's category, with
+    the caption from workflow/report/<stage>.rst and the entry's own caption as a label."""
+    stage_dir = P.STAGE_DIR.format(stage=stage)
+    files = declared_outputs(stage, stage_dir, parts)
+    category = STAGE_REPORTS[stage].title
+
+    def marked(path, kind):
+        name = Path(path).stem
+        return report(path, caption=f"../report/{stage}.rst", category=category, subcategory=kind,
+                      labels=index_labels(stage_dir, kind, name))
+
+    return {"index": files["index"][0],
+            "tables": [marked(f, "tables") for f in files["tables"]],
+            "table_files": files["table_files"],
+            "figures": [marked(f, "figures") for f in files["figures"]],
+            "figure_files": files["figure_files"]}
+
+
+def stage_index(stage):
+    return P.STAGE_INDEX.format(stage=stage)
+
+
+def sweep_folder(wildcards, output):
+    """results/<sweep>, from a tables rule's index (results/<sweep>/<stage>/tables/index.json)."""
+    return Path(output.index).parents[2]

@@ -2,11 +2,9 @@
 # context.capability.train_len), then one `attnbench context evaluate` job per RoPE method (its variants
 # with and without a short fine-tune, scored at every evaluation length). Cost: one microbench job per
 # context.cost.<device> group (extended lengths, peak memory, oom rows) and the RoPE table/rotation timing.
-# Then the PI- and YaRN-shaped tables.
-CONTEXT = f"{P.RESULTS}/context"
+# Then the parts merged, and the PI- and YaRN-shaped tables, the cost tables, the perplexity figure and the
+# stage's index.
 CONTEXT_METHODS = PLAN.capability["methods"] if PLAN.capability else []
-CONTEXT_TABLES = [f"{CONTEXT}/tables/{name}.md" for name in
-                  ("perplexity_sliding", "perplexity_truncated", "passkey", "cost", "rope_overhead")]
 
 
 rule context_pretrain:
@@ -98,21 +96,34 @@ rule context_rope_overhead:
         "> {log:q} 2>&1"
 
 
-rule context_tables:
+rule context_merge:
     input:
         capability=expand(P.CONTEXT_CAPABILITY, method=CONTEXT_METHODS),
         cost=expand(P.CONTEXT_COST, group=list(PLAN.context_cost)),
-        rope=P.CONTEXT_ROPE,
     output:
-        CONTEXT_TABLES,
-        capability=f"{CONTEXT}/tables/capability.parquet",
-        cost=f"{CONTEXT}/tables/cost.parquet",
+        capability=P.CONTEXT_CAPABILITY_ALL,
+        cost=P.CONTEXT_COST_ALL,
     log:
-        f"{P.LOGS}/context/tables.log",
-    params:
-        folder=lambda wildcards, output: Path(output.capability).parent,
+        f"{P.LOGS}/context/merge.log",
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench context tables --capability {input.capability:q} --cost {input.cost:q} "
-        "--rope-overhead {input.rope:q} --out-dir {params.folder:q} > {log:q} 2>&1"
+        "attnbench context merge --capability {input.capability:q} --cost {input.cost:q} "
+        "--out-capability {output.capability:q} --out-cost {output.cost:q} > {log:q} 2>&1"
+
+
+rule context_tables:
+    input:
+        P.CONTEXT_CAPABILITY_ALL,
+        P.CONTEXT_COST_ALL,
+        [P.CONTEXT_ROPE] if PLAN.capability else [],
+    output:
+        **stage_outputs("context"),
+    log:
+        f"{P.LOGS}/context/tables.log",
+    params:
+        results=sweep_folder,
+    conda:
+        "../envs/attnbench.yaml"
+    shell:
+        "attnbench tables context --results {params.results:q} > {log:q} 2>&1"

@@ -1,14 +1,9 @@
 # HBM traffic (docs/hbm.md): one `attnbench hbm` job per (hbm group, backend) on a GPU, each timing its cases
 # and running one Nsight Compute process; then the merged table, the KV / training-step byte ledger and the
-# figures. Without a GPU or ncu the jobs write rows with status unavailable and the reason (one job per
-# group), so the CPU sweep builds the same files.
-import os
-
-from attnbench.report.hbm import FIGURES as HBM_FIGURES
-
+# stage's tables, figures and index. Without a GPU or ncu the jobs write rows with status unavailable and the
+# reason (one job per group), so the CPU sweep builds the same files.
 HBM_PARTS = [P.HBM_PART.format(group=group, backend=backends[0] if len(backends) == 1 else "all")
              for group, backends in PLAN.hbm_parts()]
-HBM_FIGURE_FILES = [f"{P.RESULTS}/hbm/figures/{name}" for name in HBM_FIGURES]
 
 
 rule hbm:
@@ -62,17 +57,17 @@ rule hbm_ledger:
         "attnbench ledger --job {input.job:q} --hbm {input.hbm:q} --out {output:q} > {log:q} 2>&1"
 
 
-rule hbm_figures:
+rule hbm_tables:
     input:
         hbm=P.HBM_TABLE,
         ledger=P.HBM_LEDGER,
     output:
-        HBM_FIGURE_FILES,
+        **stage_outputs("hbm"),
     log:
-        f"{P.LOGS}/hbm/figures.log",
+        f"{P.LOGS}/hbm/tables.log",
     params:
-        folder=lambda wildcards, output: os.path.dirname(output[0]),
+        results=sweep_folder,
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench hbm-figures --hbm {input.hbm:q} --ledger {input.ledger:q} --out {params.folder:q} > {log:q} 2>&1"
+        "attnbench tables hbm --results {params.results:q} > {log:q} 2>&1"
