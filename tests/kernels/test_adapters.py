@@ -15,7 +15,7 @@ from attnbench.bench.microbench import RunOptions, base_row, run_group
 from attnbench.bench.numerics import check_numerics
 from attnbench.kernels import flash_attn, flashinfer, get_backend, safe_available
 from attnbench.kernels.eager import eager_attention
-from attnbench.kernels.flashinfer import PageTable, from_paged, from_ragged, indptr, to_paged, to_ragged
+from attnbench.kernels.flashinfer import from_ragged, indptr, to_ragged
 
 ADAPTERS = ["fa2", "fa3", "fa3-fp8", "fa4", "flashinfer", "flashinfer-fp8kv", "flashinfer-mla"]
 MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface", "fa3-fp8": "flash_attn_interface",
@@ -67,7 +67,12 @@ def test_microbench_rows_for_missing_adapters_say_how_to_install():
     ("fa4", {}, True),
     ("fa4", dict(mode="fwd_bwd", layout="mqa", heads_kv=1), True),
     ("fa4", dict(dtype="fp32"), False),
-    ("fa4", dict(mode="decode", seq_q=1, causal=False, page_size=16), False),
+    ("fa4", dict(mode="decode", seq_q=1, causal=False, page_size=16), True),  # flash_attn_varlen_func's page_table
+    ("fa4", dict(variant="alibi"), False),
+    ("fa4", dict(variant="prefix_lm", prefix_len=8), False),
+    ("fa4", dict(variant="sliding_window", window=8), True),
+    ("fa2", dict(variant="softcap", softcap=30.0), False),
+    ("fa3", dict(mode="decode", seq_q=1, causal=False, seq_lens_kv=(40, 12)), False),
     ("fa4", dict(layout="mla", heads_kv=1, head_dim_qk=576, head_dim_v=512), False),
     ("fa2", dict(head_dim_qk=32, head_dim_v=32), True),
     ("fa3-fp8", {}, True),
@@ -108,30 +113,6 @@ def test_bshd_and_ragged_layouts_round_trip():
     assert indptr(3, 5).tolist() == [0, 5, 10, 15] and indptr(3, 5).dtype == torch.int32
 
 
-def test_page_table_for_a_sequence_that_does_not_fill_its_last_page():
-    table = PageTable.contiguous(batch=2, seq_kv=40, page_size=16)
-    assert table.indptr.tolist() == [0, 3, 6] and table.indices.tolist() == list(range(6))
-    assert table.last_page_len.tolist() == [8, 8] and table.num_pages == 6 and table.pages_per_request == 3
-    assert all(t.dtype == torch.int32 for t in (table.indptr, table.indices, table.last_page_len))
-    full = PageTable.contiguous(batch=1, seq_kv=32, page_size=16)
-    assert full.last_page_len.tolist() == [16]
-    with pytest.raises(ValueError, match="page_size=0"):
-        PageTable.contiguous(batch=1, seq_kv=32, page_size=0)
-
-
-def test_paged_cache_follows_the_page_table_and_pads_with_zeros():
-    k = torch.randn(2, 3, 40, 8)  # (B, Hkv, Skv, D)
-    table = PageTable.contiguous(2, 40, 16)
-    shuffled = PageTable(table.indptr, torch.tensor([4, 0, 5, 2, 1, 3], dtype=torch.int32), table.last_page_len, 16)
-    for t in (table, shuffled):
-        pages = to_paged(k, t)  # (num_pages, page_size, Hkv, D), NHD inside a page
-        assert pages.shape == (6, 16, 3, 8)
-        assert torch.equal(from_paged(pages, t, 40), k)
-    pages = to_paged(k, shuffled)
-    # request 1's tokens 32..39 sit at the start of its third page, shuffled.indices[5] == 3
-    assert torch.equal(pages[3, :8], k[1, :, 32:40].transpose(0, 1)) and not pages[3, 8:].any()
-
-
 def test_e4m3_quantisation_descales_back_within_fp8_precision():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 50, 4, 16, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 500.0]).view(1, 1, 4, 1)
@@ -166,6 +147,13 @@ def test_decode_uses_tensor_cores_above_group_four():
 def _reference(q, k, v, causal, scale):
     """BHSD attention in fp64 (the harness's eager path with bottom-right causal)."""
     return eager_attention(q.double(), k.double(), v.double(), causal=causal, scale=scale)
+
+
+def csr_rows(pages, indptr, indices, lengths):
+    """Each request's KV rows read back from pages through a CSR page table, as a kernel reads them:
+    request b's pages ``indices[indptr[b]:indptr[b+1]]``, their first ``lengths[b]`` tokens."""
+    ptr, idx = indptr.tolist(), indices.long()
+    return [pages[idx[ptr[b]:ptr[b + 1]]].flatten(0, 1)[:n] for b, n in enumerate(lengths)]
 
 
 class FakeFlashInferMLA(types.ModuleType):
@@ -225,7 +213,7 @@ class FakeFlashInfer(types.ModuleType):
     def __init__(self):
         super().__init__("flashinfer")
         self.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
-        self.calls = []
+        self.calls, self.plans = [], []
         self.mla = FakeFlashInferMLA(self.calls)
 
     def single_prefill_with_kv_cache(self, q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
@@ -245,6 +233,9 @@ class FakeFlashInfer(types.ModuleType):
                      use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
                      rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None, **unused):
                 self.qo, self.kv, self.causal, self.scale = qo_indptr.tolist(), kv_indptr.tolist(), causal, sm_scale
+                fake.plans.append(dict(qo_indptr=self.qo, kv_indptr=self.kv, causal=causal, custom_mask=custom_mask,
+                                       pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                                       logits_soft_cap=logits_soft_cap))
                 fake.calls.append("ragged_plan")
 
             def run(self, q, k, v):
@@ -270,19 +261,23 @@ class FakeFlashInfer(types.ModuleType):
             def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
                      pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
                      kv_data_type=None, o_data_type=None, sm_scale=None, **unused):
-                self.table = PageTable(indptr, indices, last_page_len, page_size)
+                self.indptr, self.indices, self.size = indptr, indices, page_size
+                self.lens = ((indptr[1:] - indptr[:-1] - 1) * page_size + last_page_len).tolist()
                 self.scale, self.kv_dtype = sm_scale, kv_data_type
+                self.options = dict(pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                                    logits_soft_cap=logits_soft_cap)
+                fake.plans.append(self.options)
                 fake.calls.append("decode_plan")
 
             def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, **unused):
                 fake.calls.append("decode_run")
                 k_pages, v_pages = paged_kv_cache
                 assert k_pages.dtype == self.kv_dtype
-                size = self.table.page_size
-                lens = ((self.table.indptr[1:] - self.table.indptr[:-1] - 1) * size + self.table.last_page_len).tolist()
-                k = from_paged(k_pages.float(), self.table, max(lens)) * (k_scale or 1.0)
-                v = from_paged(v_pages.float(), self.table, max(lens)) * (v_scale or 1.0)
-                return _reference(q[:, :, None], k, v, False, self.scale)[:, :, 0].to(q.dtype)
+                ks = csr_rows(k_pages.float() * (k_scale or 1.0), self.indptr, self.indices, self.lens)
+                vs = csr_rows(v_pages.float() * (v_scale or 1.0), self.indptr, self.indices, self.lens)
+                outs = [_reference(q[b:b + 1, :, None], ks[b].transpose(0, 1)[None], vs[b].transpose(0, 1)[None],
+                                   False, self.scale)[:, :, 0] for b in range(len(self.lens))]
+                return torch.cat(outs).to(q.dtype)
 
         return Decode()
 
@@ -347,7 +342,9 @@ def test_flashinfer_mla_build_pages_the_latent_and_plans_outside_the_timed_call(
     pages = -(-45 // size)
     plan = mla.plans[0]
     assert plan["qo_indptr"].tolist() == [0, 1, 2]  # one query token per request
-    assert plan["kv_indptr"].tolist() == [0, pages, 2 * pages] and plan["kv_indices"].tolist() == list(range(2 * pages))
+    # pages from a shuffled free list: every page of the pool once, not in order
+    assert plan["kv_indptr"].tolist() == [0, pages, 2 * pages]
+    assert sorted(plan["kv_indices"].tolist()) == list(range(2 * pages))
     assert plan["kv_len_arr"].tolist() == [45, 45]
     assert all(plan[k].dtype == torch.int32 for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"))
     assert (plan["num_heads"], plan["head_dim_ckv"], plan["head_dim_kpe"], plan["page_size"]) == (16, 512, 64, size)
@@ -357,10 +354,12 @@ def test_flashinfer_mla_build_pages_the_latent_and_plans_outside_the_timed_call(
     assert torch.equal(q_nope, t.q[:, :, 0, :512]) and torch.equal(q_pe, t.q[:, :, 0, 512:])
     assert ckv.shape == (2 * pages, size, 512) and kpe.shape == (2 * pages, size, 64)
     assert all(x.is_contiguous() for x in (q_nope, q_pe, ckv, kpe))
-    table = PageTable(plan["kv_indptr"], plan["kv_indices"], torch.tensor([45 - (pages - 1) * size] * 2), size)
-    assert torch.equal(from_paged(ckv[:, :, None], table, 45), t.k[..., :512])  # (B, 1, Skv, d_c)
-    assert torch.equal(from_paged(kpe[:, :, None], table, 45), t.k[..., 512:])
-    assert not ckv[pages - 1, 45 - (pages - 1) * size:].any()  # the last page's padding is zero
+    for b, rows in enumerate(csr_rows(ckv, plan["kv_indptr"], plan["kv_indices"], [45, 45])):
+        assert torch.equal(rows, t.k[b, 0, :, :512])  # (Skv, d_c)
+    for b, rows in enumerate(csr_rows(kpe, plan["kv_indptr"], plan["kv_indices"], [45, 45])):
+        assert torch.equal(rows, t.k[b, 0, :, 512:])
+    last = plan["kv_indices"][pages - 1].item()  # request 0's last page
+    assert not ckv[last, 45 - (pages - 1) * size:].any()  # its padding is zero
 
 
 @pytest.mark.parametrize("page_size", [0, 16, 7])
