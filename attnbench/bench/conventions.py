@@ -222,12 +222,12 @@ def roofline_bound(flop_count: float, byte_count: float, seconds: float, peak_fl
 
 def sequence_cases(case: Case) -> list[Case]:
     """One dense case per segment (a sequence of a ragged batch, or a document), batch 1, no variant:
-    the problems the per-sequence formulas count."""
+    the problems the per-sequence formulas count. (A causal variant is causal, or a one-query decode
+    step, whose single row sees every key either way: ``attnbench.case``.)"""
     import dataclasses
 
     return [dataclasses.replace(case, batch=1, seq_q=nq, seq_kv=nkv, seq_lens_q=(), seq_lens_kv=(), variant="none",
-                                window=0, softcap=0.0, doc_len=0, prefix_len=0,
-                                causal=case.causal or case.variant in ("sliding_window", "alibi", "prefix_lm"))
+                                window=0, softcap=0.0, doc_len=0, prefix_len=0)
             for nq, nkv in case.segments()]
 
 

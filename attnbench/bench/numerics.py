@@ -76,14 +76,15 @@ def _split(total: int, size: int):
     return ((i, min(total, i + size)) for i in range(0, total, size))
 
 
-def blocks(case: Case, element_bytes: int, budget: int = BLOCK_BUDGET_BYTES) -> list[Block]:
+def blocks(case: Case, element_bytes: int, budget: int | None = None) -> list[Block]:
     """Blocks covering every (batch row, query head, query row) of the case once.
 
     A block of b batch rows, g K/V heads (g * group query heads) and r query rows against n keys holds
     ``b * g * group * r * n`` scores of ``element_bytes`` and its inputs in fp64; the batch, then the
     heads, then the rows are halved until that fits ``budget``. Dense batches block over the batch;
-    segments (ragged sequences, documents) one at a time.
+    segments (ragged sequences, documents) one at a time. ``budget`` defaults to :data:`BLOCK_BUDGET_BYTES`.
     """
+    budget = BLOCK_BUDGET_BYTES if budget is None else budget
     sem = Semantics.of(case)
     group, heads_kv = case.group_size, case.heads_kv
     width = (case.head_dim_qk + case.head_dim_v) * 8

@@ -120,7 +120,8 @@ class _SDPA(Backend):
         """(mask, is_causal) of a dense case: its causal mask, or its variant's mask or bias."""
         if case.variant == "none":
             return self._causal_mask(case.seq_q, case.seq_kv, device) if case.causal else (None, False)
-        return dense_mask(Semantics.of(case), device, case.seq_q, case.seq_kv, dtype=dtype), False
+        mask = dense_mask(Semantics.of(case), device, case.seq_q, case.seq_kv, dtype=dtype)
+        return (mask.unsqueeze(0) if mask.dim() == 3 else mask), False  # a bias (1, Hq, Sq, Skv): 2-d or 4-d only
 
     def attention(self, q, k, v, *, causal: bool, scale: float):
         mask, is_causal = self._causal_mask(q.shape[-2], k.shape[-2], q.device) if causal else (None, False)

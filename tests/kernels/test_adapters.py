@@ -415,15 +415,57 @@ class FakeFlashAttnCute(types.ModuleType):
         self.__spec__ = importlib.machinery.ModuleSpec("flash_attn.cute", None)
 
     @staticmethod
-    def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False, **unused):
+    def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
+                        window_size=(None, None), learnable_sink=None, softcap=0.0, **unused):
         assert q.dim() == 4 and q.is_contiguous() and qv is None
-        group = q.shape[2] // k.shape[2]  # BSHD: heads at dim 2
-        kk, vv = (x.repeat_interleave(group, dim=2) for x in (k, v))
-        scores = torch.einsum("bshd,bthd->bhst", q.float(), kk.float()) * softmax_scale
+        outs = [FakeFlashAttnCute._attend(q[b], k[b], v[b], softmax_scale, causal, window_size, softcap)
+                for b in range(q.shape[0])]
+        return torch.stack(outs), None
+
+    @staticmethod
+    def _attend(qb, kb, vb, softmax_scale, causal, window_size, softcap):
+        """One sequence, (S, H, D) each: causal bottom-right, window (left, right), softcap on the scaled scores."""
+        group = qb.shape[1] // kb.shape[1]
+        kk, vv = (x.repeat_interleave(group, dim=1).float() for x in (kb, vb))
+        scores = torch.einsum("shd,thd->hst", qb.float(), kk) * softmax_scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        sq, skv = qb.shape[0], kb.shape[0]
+        p = torch.arange(sq)[:, None] + skv - sq
+        j = torch.arange(skv)[None, :]
+        keep = torch.ones(sq, skv, dtype=torch.bool)
         if causal:
-            sq, skv = q.shape[1], k.shape[1]
-            scores = scores.masked_fill(torch.ones(sq, skv, dtype=torch.bool).triu(skv - sq + 1), float("-inf"))
-        out = torch.einsum("bhst,bthd->bshd", scores.softmax(-1), vv.float()).to(q.dtype)
+            keep &= j <= p
+        left, right = window_size
+        if left is not None:
+            keep &= j >= p - left
+        if right is not None:
+            keep &= j <= p + right
+        scores = scores.masked_fill(~keep, float("-inf"))
+        return torch.einsum("hst,thd->shd", scores.softmax(-1), vv).to(qb.dtype)
+
+    @staticmethod
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                               seqused_q=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
+                               window_size=(None, None), learnable_sink=None, softcap=0.0, **unused):
+        """Varlen (q (total, H, D) with cu_seqlens) or paged (q (B, Sq, H, D), k/v pages with page_table and
+        seqused_k); causal bottom-right per sequence, window (left, right), softcap on the scaled scores."""
+        if page_table is not None:
+            assert cu_seqlens_k is None and page_table.dtype == torch.int32 and seqused_k.dtype == torch.int32
+            size = k.shape[1]
+            qs = [q[b] for b in range(q.shape[0])]
+            ks = [k[page_table[b]].flatten(0, 1)[:n] for b, n in enumerate(seqused_k.tolist())]
+            vs = [v[page_table[b]].flatten(0, 1)[:n] for b, n in enumerate(seqused_k.tolist())]
+            assert all(n <= page_table.shape[1] * size for n in seqused_k.tolist())
+        else:
+            assert cu_seqlens_q.dtype == torch.int32 and q.dim() == 3 and q.is_contiguous()
+            cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+            assert max_seqlen_q == max(b - a for a, b in zip(cq, cq[1:]))
+            qs = [q[a:b] for a, b in zip(cq, cq[1:])]
+            ks, vs = [k[a:b] for a, b in zip(ck, ck[1:])], [v[a:b] for a, b in zip(ck, ck[1:])]
+        outs = [FakeFlashAttnCute._attend(qb, kb, vb, softmax_scale, causal, window_size, softcap)
+                for qb, kb, vb in zip(qs, ks, vs)]
+        out = torch.stack(outs) if page_table is not None else torch.cat(outs)
         return out, None
 
 
@@ -443,3 +485,80 @@ def test_fa4_wiring_forward_and_backward(monkeypatch):
             torch.testing.assert_close(flash_attn.from_bshd(got), want, rtol=5e-2, atol=5e-2)
     finally:
         flash_attn._import.cache_clear()
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", FakeFlashAttnCute())
+    flash_attn._import.cache_clear()
+    yield get_backend("fa4")
+    flash_attn._import.cache_clear()
+
+
+FA4_CASES = {
+    "ragged prefill": dict(layout="gqa", heads_q=4, head_dim=64, gqa_group=2, causal=True, dtype="bf16",
+                           workload={"distribution": "uniform", "min_len": 5, "max_len": 40, "token_budget": 90,
+                                     "batches": 1}),
+    "chunked": dict(layout="mha", heads_q=2, head_dim=64, causal=True, dtype="bf16",
+                    workload={"distribution": "uniform", "min_len": 30, "max_len": 60, "token_budget": 64,
+                              "chunk": 24, "batches": 2}),
+    "paged decode": dict(mode="decode", layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16",
+                         page_size=16, workload={"distribution": "lognormal", "median_len": 40, "sigma": 0.5,
+                                                 "requests": 3, "batches": 1}),
+    "dense paged decode": dict(mode="decode", layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16",
+                               page_size=16, batch=2, seq=45),
+    "sliding window": dict(layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16", causal=True, seq=40,
+                           batch=2, variant="sliding_window", window=7),
+    "softcap": dict(layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16", seq=40, batch=2,
+                    variant="softcap", softcap=2.0),
+    "documents": dict(layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16", causal=True, seq=40,
+                      batch=2, variant="document", doc_len=15),
+}
+
+
+@pytest.mark.parametrize("name", list(FA4_CASES))
+def test_fa4_ragged_paged_and_variant_wiring_matches_fp64(fake_fa4, name):
+    from attnbench.bench.numerics import check_built
+    from attnbench.workloads.grid import expand_grid
+
+    c = expand_grid({"mode": "fwd", **FA4_CASES[name]})[-1]
+    ok, reason = fake_fa4.supports(c)
+    assert ok, reason
+    result = check_built(c, fake_fa4, "cpu", seed=3)
+    assert 0 < result.out.rel_err < 1e-2 and result.worst_ratio_vs_eager() <= 2.0
+
+
+def test_flashinfer_ragged_prefill_plans_the_real_indptr(fake_flashinfer):
+    from attnbench.bench.numerics import check_built
+    from attnbench.workloads.grid import expand_grid
+
+    c = expand_grid({"mode": "fwd", "layout": "gqa", "heads_q": 4, "gqa_group": 2, "head_dim": 64, "causal": True,
+                     "dtype": "bf16", "workload": {"distribution": "uniform", "min_len": 20, "max_len": 60,
+                                                   "token_budget": 96, "chunk": 32, "batches": 2}})[-1]
+    result = check_built(c, get_backend("flashinfer"), "cpu", seed=1)
+    assert result.out.rel_err < 1e-2 and result.worst_ratio_vs_eager() <= 2.0
+    plan = fake_flashinfer.plans[-1]
+    assert plan["qo_indptr"] == [0, *torch.tensor(c.lens_q).cumsum(0).tolist()]
+    assert plan["kv_indptr"] == [0, *torch.tensor(c.lens_kv).cumsum(0).tolist()] and plan["causal"] is True
+
+
+@pytest.mark.parametrize("variant, plan_keys", [
+    (dict(variant="sliding_window", window=7), {"window_left": 7}),
+    (dict(variant="softcap", softcap=30.0), {"logits_soft_cap": 30.0}),
+    (dict(variant="alibi"), {"pos_encoding_mode": "ALIBI"}),
+])
+def test_flashinfer_variants_go_through_plan(fake_flashinfer, variant, plan_keys):
+    for mode, seq_q in (("fwd", 40), ("decode", 1)):
+        c = case(mode=mode, seq_q=seq_q, seq_kv=40, causal=mode == "fwd", **variant)
+        get_backend("flashinfer").build(c, make_tensors(c, "cpu", seed=0))
+        plan = fake_flashinfer.plans[-1]
+        assert {k: plan[k] for k in plan_keys} == plan_keys
+
+
+def test_flashinfer_prefix_lm_passes_the_flattened_custom_mask(fake_flashinfer):
+    c = case(seq_q=12, seq_kv=12, variant="prefix_lm", prefix_len=5)
+    get_backend("flashinfer").build(c, make_tensors(c, "cpu", seed=0))
+    mask = fake_flashinfer.plans[-1]["custom_mask"]
+    assert mask.dtype == torch.bool and mask.shape == (2 * 12 * 12,)  # each request's (q, kv) mask, row-major
+    first = mask[:144].view(12, 12)
+    assert first[0, 4] and not first[0, 5] and first[11].all() and first[6, 6] and not first[6, 7]
