@@ -178,7 +178,7 @@ def poison_allocator(case: Case, device: str, t: Tensors | None = None) -> None:
     kernel never wrote show up as NaN instead of a stale correct value.
     """
     shapes = [(case.batch, case.heads_q, case.seq_q, case.head_dim_v)]
-    if t is not None:  # a ragged case's packed output
+    if t is not None:  # the output in the given tensors' layout (packed for a ragged case)
         shapes = [(*t.q.shape[:-1], t.v.shape[-1])]
     if case.has_backward:
         shapes += [(case.batch, case.heads_q, case.seq_q, case.head_dim_qk),
@@ -197,6 +197,8 @@ def run_backend(attention: Callable, t: Tensors, case: Case, device: str):
 
 
 def _ratio(a: Errors, b: Errors) -> float:
+    if math.isnan(b.rel_err):  # no baseline for this case
+        return float("nan")
     return a.rel_err / b.rel_err if b.rel_err > 0 else (1.0 if a.rel_err == 0 else float("inf"))
 
 

@@ -56,7 +56,6 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
 from typing import Callable
 
 import torch

@@ -94,20 +94,17 @@ def mods(case: Case, device, packed: bool):
             return same  # packed and not causal: the segment is the whole mask
         return keep if same is None else keep & same
 
-    needs_mask = packed or sem.masked
-    score_mod = None
-    if sem.variant == "softcap":
-        cap = sem.softcap
+    def softcap_mod(score, b, h, q_idx, kv_idx):
+        return sem.softcap * torch.tanh(score / sem.softcap)
 
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return cap * torch.tanh(score / cap)
-    elif sem.variant == "alibi":
-        slopes = alibi_slopes(case.heads_q).to(device=device, dtype=torch.float32)
+    slopes = alibi_slopes(case.heads_q).to(device=device, dtype=torch.float32) if sem.variant == "alibi" else None
 
-        def score_mod(score, b, h, q_idx, kv_idx):
-            _, p, j = where(q_idx, kv_idx)
-            return score - slopes[h] * (p - j)
-    return (mask_mod if needs_mask else None), score_mod
+    def alibi_mod(score, b, h, q_idx, kv_idx):
+        _, p, j = where(q_idx, kv_idx)
+        return score - slopes[h] * (p - j)
+
+    score_mod = {"softcap": softcap_mod, "alibi": alibi_mod}.get(sem.variant)
+    return (mask_mod if packed or sem.masked else None), score_mod
 
 
 @register

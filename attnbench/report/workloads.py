@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.report.tables import MEASURED, Table, _caption, fmt
+from attnbench.report.tables import MEASURED, Table, _caption, fmt, ragged
 
 TABLE_NAMES = ("workload_throughput", "variant_coverage", "padding_waste")
 FIGURE_NAMES = ("workload_latency",)
@@ -40,8 +40,8 @@ def batch_kind(df: pd.DataFrame) -> pd.Series:
 
 def workload_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Rows of ragged batches (a workload's, not a grid's equal lengths), with their batch kind."""
-    ragged = df[(df["seq_lens_kv"].fillna("") != "") & (df["variant"].fillna("none") == "none")]
-    return ragged.assign(kind=batch_kind(ragged))
+    rows = df[ragged(df) & (df["variant"].fillna("none") == "none")]
+    return rows.assign(kind=batch_kind(rows))
 
 
 def _empty(name: str, caption: str, note: str) -> Table:

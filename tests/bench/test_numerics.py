@@ -98,3 +98,14 @@ def test_numerics_status_words(monkeypatch):
     assert [(r["status"], r["numerics_status"]) for r in rows] == [("ok", "ok"), ("unavailable", "not_run")]
     off = run_group([tiny_case()], ["eager"], RunOptions(cpu_min_run_time_s=0.01, numerics=False), log=lambda s: None)
     assert off[0]["numerics_status"] == "off"
+
+
+def test_a_variant_sdpa_cannot_express_has_no_math_ratio_but_keeps_the_gate():
+    from attnbench.bench.numerics import check_built
+    from attnbench.kernels import get_backend
+
+    c = tiny_case(variant="softcap", softcap=5.0)
+    result = check_built(c, get_backend("eager"), "cpu", seed=0)
+    assert result.math_out.rel_err != result.math_out.rel_err  # NaN: SDPA has no softcap
+    assert result.ratios()["err_ratio_vs_math"] != result.ratios()["err_ratio_vs_math"]
+    assert result.worst_ratio_vs_eager() == 1.0  # eager against itself

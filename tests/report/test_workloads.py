@@ -86,3 +86,15 @@ def test_the_latency_figure_draws_a_panel_per_workload(frame, tmp_path):
     assert len([ax for ax in fig.axes if ax.get_title()]) == 1  # one workload, one kind: prefill
     paths = workloads.write_figures(frame, tmp_path)
     assert [p.suffix for p in paths] == [".png", ".svg"]
+
+
+def test_the_grid_tables_leave_out_ragged_batches_and_variants(frame):
+    from attnbench.report import tables
+
+    grid = {"mode": "fwd", "seq": [512, 1024], "causal": True, "dtype": "bf16"}
+    dense = to_frame([row(c, "fa4", "grid", ms=1.0) for c in expand_grid(grid)])
+    # the same shapes with a variant, ten times faster, and the trace group's ragged batches
+    fast = to_frame([row(c, "fa4", "variants", ms=0.1) for c in expand_grid({**grid, "variant": "softcap",
+                                                                              "softcap": 30})])
+    mixed = pd.concat([dense, fast, frame[frame.group == "trace"]], ignore_index=True)
+    assert tables.tflops_table(mixed).values.equals(tables.tflops_table(dense).values)
