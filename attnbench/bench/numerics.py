@@ -86,7 +86,7 @@ def blocks(case: Case, element_bytes: int, budget: int | None = None) -> list[Bl
     """
     budget = BLOCK_BUDGET_BYTES if budget is None else budget
     sem = Semantics.of(case)
-    group, heads_kv = case.group_size, case.heads_kv
+    group, heads_kv = case.heads_q // case.heads_kv, case.heads_kv
     width = (case.head_dim_qk + case.head_dim_v) * 8
     if not case.ragged and case.variant != "document":
         spans = [(0, case.batch, 0, case.seq_q, 0, case.seq_kv)]
