@@ -3,6 +3,7 @@
 Shared by the microbenchmark, the HBM profiler and the pretraining numerics table, so that the same
 failure reads the same in every table. SDPA with one pinned kernel raises "No available kernel" and
 gives its reasons as warnings (``attnbench.kernels.sdpa``): that is ``unsupported``, with the reasons.
+SDPA on nested tensors raises "No viable backend" (its reasons go to the log): ``unsupported`` too.
 """
 from __future__ import annotations
 
@@ -31,6 +32,6 @@ def classify(err: BaseException, caught=()) -> tuple[str, str]:
         return "oom", one_line(err)[:OOM_REASON_CHARS]
     if isinstance(err, NotImplementedError):
         return "unsupported", one_line(err)
-    if isinstance(err, RuntimeError) and "No available kernel" in str(err):
+    if isinstance(err, RuntimeError) and ("No available kernel" in str(err) or "No viable backend" in str(err)):
         return "unsupported", one_line(err, caught)
     return "error", one_line(err, caught if isinstance(err, RuntimeError) else ())

@@ -382,6 +382,9 @@ def _rule_backends(section: dict, groups: dict[str, Group], where: str,
             if group not in groups:
                 raise ConfigError(f"{where}.{name}: group={group!r} is not in this plan's groups; "
                                   f"allowed: {', '.join(groups)}")
+            if not all(case.dense for case in groups[group].cases):
+                raise ConfigError(f"{where}.{name}: group {group!r} has ragged or variant cases; allowed: dense "
+                                  "groups (a rule backend reads the cases TSV, which has no per-sequence lengths)")
     return rule_backends
 
 

@@ -213,3 +213,80 @@ def roofline_bound(flop_count: float, byte_count: float, seconds: float, peak_fl
     if achieved_flops < LATENCY_FRACTION * peak_flops and achieved_bw < LATENCY_FRACTION * peak_bytes_per_s:
         return "latency", fraction
     return ("memory" if ai < peak_flops / peak_bytes_per_s else "compute"), fraction
+
+
+# ----------------------------------------------------------------------------------------------- real workloads
+# Ragged batches and attention variants: FLOPs and bytes over the real tokens and the exact unmasked
+# work, each built from the per-sequence formulas above (so a change to them reaches these too).
+# For a dense case without a variant every function below equals its dense counterpart.
+
+def sequence_cases(case: Case) -> list[Case]:
+    """One dense case per segment (a sequence of a ragged batch, or a document), batch 1, no variant:
+    the problems the per-sequence formulas count. (A causal variant is causal, or a one-query decode
+    step, whose single row sees every key either way: ``attnbench.case``.)"""
+    import dataclasses
+
+    return [dataclasses.replace(case, batch=1, seq_q=nq, seq_kv=nkv, seq_lens_q=(), seq_lens_kv=(), variant="none",
+                                window=0, softcap=0.0, doc_len=0, prefix_len=0)
+            for nq, nkv in case.segments()]
+
+
+def _pairs_hidden_by_window(sq: int, skv: int, window: int) -> int:
+    """Causal (query, key) pairs a left window of ``window`` keys hides: the query at position
+    p = i + skv - sq does not see keys j < p - window, i.e. max(0, p - window) of them."""
+    a = skv - sq - window  # row i hides max(0, i + a) keys
+    first = max(0, -a)  # the first row that hides any
+    count = sq - first
+    return count * (first + a + sq - 1 + a) // 2 if count > 0 else 0
+
+
+def workload_flops(case: Case) -> float:
+    """FLOPs of one call over the real tokens and the variant's exact unmasked work.
+
+    A ragged batch (or the ``document`` variant) is the sum of :func:`flops` over its segments. Variants
+    change which pairs are computed: ``sliding_window`` removes the causal pairs outside the window
+    (:func:`_pairs_hidden_by_window`), each costing ``2·Hq·(D_qk + D_v)``; ``prefix_lm`` adds the upper
+    triangle of the prefix block, the dense prefix (non-causal) less its causal count; ``softcap`` and
+    ``alibi`` compute every pair of the causal or dense problem (their score change is not counted, as
+    softmax exponentials are not).
+    """
+    total = 0.0
+    per_pair = 2.0 * case.heads_q * (case.head_dim_qk + case.head_dim_v)
+    for seq in sequence_cases(case):
+        fwd = forward_flops(seq)
+        if case.variant == "sliding_window":
+            fwd -= per_pair * _pairs_hidden_by_window(seq.seq_q, seq.seq_kv, case.window)
+        elif case.variant == "prefix_lm":
+            import dataclasses
+
+            prefix = dataclasses.replace(seq, seq_q=case.prefix_len, seq_kv=case.prefix_len)
+            fwd += forward_flops(dataclasses.replace(prefix, causal=False)) - forward_flops(prefix)
+        total += fwd
+    return total * (1 + BACKWARD_FLOP_FACTOR) if case.has_backward else total
+
+
+def workload_bytes_min(case: Case) -> float:
+    """:func:`bytes_min` over the real tokens: the sum over the sequences (a variant moves the same tensors)."""
+    if case.dense:
+        return bytes_min(case)
+    return float(sum(bytes_min(seq) for seq in sequence_cases(case)))
+
+
+def workload_page_table_bytes(case: Case) -> float:
+    """:func:`page_table_bytes` of the real lengths: ``ceil(Skv_b / page_size)`` pages for sequence b."""
+    if not case.page_size:
+        return 0.0
+    pages = sum(-(-n // case.page_size) for n in case.lens_kv)
+    return float(PAGE_INDEX_BYTES * ((case.batch + 1) + pages + case.batch))
+
+
+def workload_bytes_model(case: Case, family: str, fp8_inputs: tuple[str, ...] = ()) -> float:
+    """:func:`bytes_model` over the real tokens: the per-sequence model summed, the page table of the real
+    lengths once. A variant's mask or bias, where a backend reads one, is not counted (the score passes
+    of eager and math are those of the causal problem)."""
+    if case.dense:
+        return bytes_model(case, family, fp8_inputs)
+    import dataclasses
+
+    unpaged = [dataclasses.replace(seq, page_size=0) for seq in sequence_cases(case)]
+    return float(sum(bytes_model(seq, family, fp8_inputs) for seq in unpaged)) + workload_page_table_bytes(case)

@@ -21,9 +21,9 @@ from attnbench.case import Case
 from attnbench.bench.ceilings import Ceilings
 from attnbench.failures import classify
 from attnbench.bench.inputs import make_tensors
-from attnbench.bench.numerics import Baselines, baselines, check_numerics
+from attnbench.bench.numerics import Baselines, baselines, check_built, check_numerics
 from attnbench.bench.provenance import environment, kernel_names, sm_clock_mhz, timestamp
-from attnbench.bench.results import empty_row
+from attnbench.bench.results import case_columns, empty_row
 from attnbench.bench.timing import DRIFT_LIMIT, Timing, time_callable
 from attnbench.kernels.registry import Backend, get_backend, safe_available, safe_version
 
@@ -46,12 +46,13 @@ class RunOptions:
 def base_row(case: Case, backend: Backend, device: str, ceilings: Ceilings | None) -> dict:
     """A results row with everything known before running: case fields, provenance, FLOPs, bytes, ceilings."""
     row = empty_row()
-    row.update(case.fields())
+    row.update(case_columns(case))
     row.update(environment(device))
     row.update(case_id=case.case_id, backend=backend.name, backend_version=safe_version(backend),
-               compute_dtype=backend.compute_dtype or case.dtype,
-               flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
-               bytes_model=conventions.bytes_model(case, backend.family, backend.fp8_inputs))
+               compute_dtype=backend.compute_dtype or case.dtype, numerics_status="not_run", numerics_reason="",
+               flops=conventions.workload_flops(case), flops_padded=conventions.flops(case),
+               bytes_min=conventions.workload_bytes_min(case),
+               bytes_model=conventions.workload_bytes_model(case, backend.family, backend.fp8_inputs))
     if ceilings:
         row["peak_flops"] = ceilings.peak_flops(case.dtype)
         row["peak_bytes_per_s"] = ceilings.copy_bytes_per_s
@@ -155,33 +156,58 @@ class _Job:
             self.reference = (fn, case, second_call_s, timing)
         del fn
 
-        if o.numerics:
-            t0 = time.perf_counter()
-            self._numerics(case, backend, row)
-            self.phases["numerics"] = time.perf_counter() - t0
+        if not o.numerics:
+            row["numerics_status"] = "off"
+            return
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:  # the timing stands whatever happens here: a reference that runs out of memory is not an oom row
+                self._numerics(case, backend, row)
+            except Exception as err:
+                status, reason = classify(err, caught)
+                row.update(numerics_status="oom" if status == "oom" else "error", numerics_reason=reason)
+                if self.options.device == "cuda":
+                    torch.cuda.empty_cache()
+        self.phases["numerics"] = time.perf_counter() - t0
 
-    def _numerics(self, case: Case, backend: Backend, row: dict) -> None:
-        paged = {"page_size": case.page_size} if case.page_size else {}  # backends that run paged cases take it
-
-        def attend(q, k, v):
-            return backend.attention(q, k, v, causal=case.causal, scale=case.scale, **paged)
-
-        seed = _case_seed(case, self.options.seed + 1)
+    def _baselines(self, case: Case, seed: int) -> Baselines:
+        """The case's baselines, computed once for its backends; a failure is kept and raised for each."""
         if self.baselines is None or self.baselines[0] != case:
             self.baselines = None  # free the previous case's tensors first
-            self.baselines = (case, baselines(case, self.options.device, seed))
-        result = check_numerics(case, attend, self.options.device, seed, self.baselines[1])
+            try:
+                self.baselines = (case, baselines(case, self.options.device, seed))
+            except Exception as err:
+                self.baselines = (case, err)
+        found = self.baselines[1]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _numerics(self, case: Case, backend: Backend, row: dict) -> None:
+        seed = _case_seed(case, self.options.seed + 1)
+        base = self._baselines(case, seed)
+        if case.dense and not case.page_size:
+            def attend(q, k, v):
+                return backend.attention(q, k, v, causal=case.causal, scale=case.scale)
+
+            result = check_numerics(case, attend, self.options.device, seed, base)
+        else:  # ragged, a variant, or paged: check the built path that was timed
+            result = check_built(case, backend, self.options.device, seed, base)
         row.update(rel_err=result.out.rel_err, max_abs_err=result.out.max_abs_err, **result.ratios())
         if result.grads:
             for name, errs in zip(("dq", "dk", "dv"), result.grads):
                 row[f"rel_err_{name}"] = errs.rel_err
         errors = [row["rel_err"]] + [row[f"rel_err_{n}"] for n in ("dq", "dk", "dv") if result.grads]
         worst = row["err_ratio_vs_eager"] = result.worst_ratio_vs_eager()
+        row["numerics_status"] = "ok"
         if not all(math.isfinite(e) for e in errors):
             row.update(status="numerics_fail", reason="non-finite output or gradient (NaN/inf, or an unwritten element)")
         elif backend.compute_dtype is None and worst > self.options.max_err_ratio:
             row.update(status="numerics_fail",
                        reason=f"error {worst:.2f}x eager's in {case.dtype} (allowed: <= {self.options.max_err_ratio}x)")
+        if row["status"] == "numerics_fail":
+            row.update(numerics_status="fail", numerics_reason=row["reason"])
 
     def drift(self) -> float:
         """Re-time the job's first measured call with the same timer; its relative change flags clock or thermal drift."""

@@ -7,12 +7,19 @@ validates against, and :func:`validate_rows` checks a frame against it.
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+from attnbench.case import Case
+
 STATUSES = ("ok", "unsupported", "unavailable", "oom", "error", "numerics_fail")
+# ok: checked and within the gate; fail: outside it or non-finite (the row's status is numerics_fail);
+# oom/error: the check itself could not run (the row keeps its timing status); off: numerics disabled;
+# not_run: the row was not timed
+NUMERICS_STATUSES = ("ok", "fail", "oom", "error", "off", "not_run")
 
 # name: (type, description). Types: string, integer, number, boolean, list (of strings or numbers).
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -34,6 +41,20 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "causal": ("boolean", "bottom-right aligned causal mask"),
     "dtype": ("string", "fp32, fp16, bf16 or fp8"),
     "page_size": ("integer", "KV page size, 0 for contiguous"),
+    "workload": ("string", "where the lengths come from: fixed (the grid's), uniform, lognormal, azure-conv, azure-code "
+                           "or a trace file's name (docs/workloads.md)"),
+    "seq_lens_q": ("string", "query tokens per sequence of a ragged batch, comma-separated; empty: every one seq_q"),
+    "seq_lens_kv": ("string", "KV tokens per sequence of a ragged batch, comma-separated; empty: every one seq_kv"),
+    "variant": ("string", "none, sliding_window, softcap, alibi, document or prefix_lm"),
+    "window": ("integer", "sliding_window: keys a query sees before its own position (0 otherwise)"),
+    "softcap": ("number", "softcap: c in c * tanh(score / c) (0 otherwise)"),
+    "doc_len": ("integer", "document: tokens per packed document (0 otherwise)"),
+    "prefix_len": ("integer", "prefix_lm: leading tokens that attend bidirectionally (0 otherwise)"),
+    # batch shape (batch = sequences; seq_q and seq_kv = the longest)
+    "tokens_q": ("integer", "real query tokens of the batch (no padding)"),
+    "tokens_kv": ("integer", "real KV tokens of the batch (no padding)"),
+    "seq_q_median": ("number", "median query tokens per sequence"),
+    "seq_kv_median": ("number", "median KV tokens per sequence"),
     "compute_dtype": ("string", "precision the backend computes in (differs from dtype for fp8 backends)"),
     # outcome
     "status": ("string", "one of " + ", ".join(STATUSES)),
@@ -47,7 +68,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "n_reps": ("integer", "timed samples"),
     "setup_s": ("number", "build() plus first call (layout conversion, planning, JIT/compile, autotune) wall time, s"),
     # derived
-    "flops": ("number", "FLOPs of one call (conventions.flops)"),
+    "flops": ("number", "FLOPs of one call over the real tokens and the variant's unmasked pairs "
+                        "(conventions.workload_flops; conventions.flops for a dense case)"),
+    "flops_padded": ("number", "FLOPs of the batch padded to its longest sequence, no variant (conventions.flops): "
+                               "1 - flops / flops_padded is the work padding would waste"),
     "tflops": ("number", "flops / median time / 1e12"),
     "bytes_min": ("number", "each input read once, each output written once"),
     "bytes_model": ("number", "bytes the backend family's algorithm moves"),
@@ -61,6 +85,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     # memory
     "peak_mem_bytes": ("number", "peak allocated device memory during one call, inputs included (CUDA only)"),
     # numerics
+    "numerics_status": ("string", "one of " + ", ".join(NUMERICS_STATUSES) + ": the check apart from the timing, so "
+                                  "that a timed row is never oom because of its reference"),
+    "numerics_reason": ("string", "why numerics_status is not ok (empty when ok)"),
     "rel_err": ("number", "||out - ref||_F / ||ref||_F against fp64"),
     "max_abs_err": ("number", "max |out - ref| against fp64"),
     "err_ratio_vs_math": ("number", "rel_err over sdpa-math's rel_err in the same dtype"),
@@ -95,6 +122,17 @@ REQUIRED = ("case_id", "backend", "status", "mode", "layout", "dtype")
 
 class ResultsError(ValueError):
     pass
+
+
+def case_columns(case: Case) -> dict:
+    """A case's columns of a results row: its fields (per-sequence lengths as comma-separated text) and
+    its batch shape summary."""
+    columns = case.fields()
+    columns.update(seq_lens_q=",".join(map(str, case.seq_lens_q)), seq_lens_kv=",".join(map(str, case.seq_lens_kv)),
+                   tokens_q=sum(case.lens_q), tokens_kv=sum(case.lens_kv),
+                   seq_q_median=float(statistics.median(case.lens_q)),
+                   seq_kv_median=float(statistics.median(case.lens_kv)))
+    return columns
 
 
 def empty_row() -> dict:

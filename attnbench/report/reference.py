@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.bench.results import to_frame
 from attnbench.report import stages
 from attnbench.workflow import paths
 
@@ -115,7 +116,7 @@ def assemble(name: str, rows: str | Path, out: str | Path) -> Path:
     env = paths.within(out, paths.ENV)
     parts: dict[str, list[str]] = {"env": []}
     if name == "sweep":
-        merged = pd.read_parquet(rows / "pipeline" / "microbench-paper.parquet")
+        merged = to_frame(pd.read_parquet(rows / "pipeline" / "microbench-paper.parquet"))
         versions = rows.parents[1] / "reports" / rows.name / "versions.json"  # the paper run's own env capture
         if versions.is_file():
             _copy(versions, env / "versions.json")
@@ -133,7 +134,7 @@ def assemble(name: str, rows: str | Path, out: str | Path) -> Path:
         _copy(rows / "context" / "context_cost.parquet", paths.within(out, paths.CONTEXT_COST_ALL))
         parts["context"] = []
     else:
-        merged = pd.read_parquet(rows / "backends" / "backends.parquet")
+        merged = to_frame(pd.read_parquet(rows / "backends" / "backends.parquet"))
         merged.to_parquet(paths.within(out, paths.MERGED), index=False)
         _copy(rows / "backends" / "ceilings.json", env / "ceilings.json")
         _write_json(env / "versions.json", versions_from_rows(merged, "the h200-backends run's rows"))

@@ -41,17 +41,19 @@ def _env(results: Path, parts: tuple[str, ...]) -> StageOutputs:
 
 
 def _microbench(results: Path, parts: tuple[str, ...]) -> StageOutputs:
-    from attnbench.report import backends, figures, tables, triton
+    from attnbench.report import backends, figures, tables, triton, workloads
 
     df = pd.read_parquet(paths.within(results, paths.MERGED))
-    return StageOutputs(tables.build_tables(df) + backends.build_tables(df) + [triton.versus_best_table(df)],
-                        figures.build_figures(df))
+    return StageOutputs(tables.build_tables(df) + backends.build_tables(df) + workloads.build_tables(df)
+                        + [triton.versus_best_table(df)],
+                        figures.build_figures(df) + workloads.build_figures(df))
 
 
 def _microbench_names(parts: tuple[str, ...]):
-    from attnbench.report import backends, figures, tables
+    from attnbench.report import backends, figures, tables, workloads
 
-    return (*tables.TABLE_NAMES, *backends.TABLE_NAMES, "triton_vs_best"), figures.FIGURE_NAMES
+    return ((*tables.TABLE_NAMES, *backends.TABLE_NAMES, *workloads.TABLE_NAMES, "triton_vs_best"),
+            (*figures.FIGURE_NAMES, *workloads.FIGURE_NAMES))
 
 
 def stability_part(part: str) -> dict[str, str]:
@@ -206,6 +208,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("env", "Environment and measured ceilings", ("env",)),
     Section("microbench", "Microbenchmarks: roofline, throughput against context, who wins where", ("microbench",)),
     Section("backends", "Backend tables in the FlashAttention-3 README's layout", ("microbench",)),
+    Section("workloads", "Real workloads: traces, ragged batches, attention variants", ("microbench",)),
     Section("stability", "Timing stability across fresh processes", ("stability",)),
     Section("hbm", "HBM traffic: measured against modelled bytes, and the KV bytes/token ledger", ("hbm",)),
     Section("triton", "Our Triton kernel against the best backends", ("microbench", "triton")),

@@ -62,6 +62,21 @@ def _most_common(series: pd.Series):
     return max(top)
 
 
+def ragged(df: pd.DataFrame) -> pd.Series:
+    """Rows of ragged batches: fewer real tokens than the batch padded to its longest sequence."""
+    def short(tokens: str, seq: str) -> pd.Series:
+        if tokens not in df:
+            return pd.Series(False, index=df.index)
+        return (pd.to_numeric(df[tokens], errors="coerce") < df["batch"] * df[seq]).fillna(False).astype(bool)
+    return short("tokens_q", "seq_q") | short("tokens_kv", "seq_kv")
+
+
+def grid_cases(df: pd.DataFrame) -> pd.Series:
+    """Rows of equal-length batches without a variant (frames from before those columns count as such)."""
+    variant = df["variant"].fillna("none") if "variant" in df else pd.Series("none", index=df.index)
+    return ~ragged(df) & (variant == "none")
+
+
 def reference_slice(df: pd.DataFrame, modes: tuple[str, ...], by_layout: bool) -> tuple[pd.DataFrame, str]:
     """Rows of ``modes`` at one reference shape; returns them and a caption fragment describing the shape.
 
@@ -69,9 +84,10 @@ def reference_slice(df: pd.DataFrame, modes: tuple[str, ...], by_layout: bool) -
     length, see :func:`_batch_slice`) and query heads. Prefill tables hold one
     layout (MHA where present) so each cell is one case; ``by_layout`` keeps
     every layout as a row key instead (decode), MLA exempt from the head-dim
-    choice since its dims come from the latent rank.
+    choice since its dims come from the latent rank. Only grid cases count: ragged batches and
+    attention variants have their own tables (:mod:`attnbench.report.workloads`).
     """
-    sub = df[df["mode"].isin(modes)]
+    sub = df[df["mode"].isin(modes) & grid_cases(df)]
     if sub.empty:
         return sub, ""
     parts = []

@@ -68,7 +68,7 @@ def error_rows(job: dict, backends: list[str], reason: str, done: set | None = N
     """One ``error`` row per (case, backend) of a results job, except those in ``done``."""
     from attnbench.bench import conventions
     from attnbench.bench.provenance import environment, timestamp
-    from attnbench.bench.results import empty_row, to_frame
+    from attnbench.bench.results import case_columns, empty_row, to_frame
     from attnbench.plan import job_cases
 
     device = job["device"]
@@ -81,10 +81,11 @@ def error_rows(job: dict, backends: list[str], reason: str, done: set | None = N
         for backend in backends:
             if done and (case.case_id, backend) in done:
                 continue
-            row = empty_row() | case.fields() | env
+            row = empty_row() | case_columns(case) | env
             row.update(sweep=job["sweep"], group=job["group"], case_id=case.case_id, backend=backend, status="error",
-                       reason=reason[:800], timestamp=timestamp(), flops=conventions.flops(case),
-                       bytes_min=conventions.bytes_min(case))
+                       reason=reason[:800], timestamp=timestamp(), flops=conventions.workload_flops(case),
+                       flops_padded=conventions.flops(case), bytes_min=conventions.workload_bytes_min(case),
+                       numerics_status="not_run", numerics_reason="")
             rows.append(row)
     return to_frame(rows)
 

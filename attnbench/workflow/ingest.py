@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.bench import conventions
-from attnbench.bench.results import ResultsError, empty_row, to_frame
+from attnbench.bench.results import ResultsError, case_columns, empty_row, to_frame
 
 CASE_COLUMNS = ("case_id", "mode", "layout", "batch", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "seq_q",
                 "seq_kv", "causal", "dtype", "page_size")
@@ -73,11 +73,12 @@ def ingest(job: dict, backend: str, *, timings: str | None, ceilings: str | None
     env = environment("cpu")
     rows = []
     for case in cases:
-        row = empty_row() | case.fields() | env
+        row = empty_row() | case_columns(case) | env
         row.update(sweep=job["sweep"], group=group, case_id=case.case_id, backend=backend, backend_version=version,
                    compute_dtype=case.dtype, timestamp=timestamp(), reason="", timer="external",
-                   flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
-                   bytes_model=conventions.bytes_model(case, family))
+                   flops=conventions.flops(case), flops_padded=conventions.flops(case),
+                   bytes_min=conventions.bytes_min(case), bytes_model=conventions.bytes_model(case, family),
+                   numerics_status="not_run", numerics_reason="")
         if peaks:
             row.update(peak_flops=peaks.peak_flops(case.dtype), peak_bytes_per_s=peaks.copy_bytes_per_s)
         if unavailable:

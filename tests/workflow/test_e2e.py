@@ -117,7 +117,7 @@ def test_publish_offline_writes_a_wandb_run_and_never_the_key(run):
     assert b"provenance" in record and b"git_sha" in record and b"attnbench-e2e" in record
     tables = list((run_dir / "files" / "media" / "table" / "microbench").glob("*.table.json"))
     assert len(tables) >= len(TABLE_NAMES)
-    assert list((run_dir / "files" / "media" / "images" / "figures").glob("roofline*.png"))
+    assert list((run_dir / "files" / "media" / "images" / "microbench").rglob("roofline*.png"))
     for path in [*(workdir / "results").rglob("*"), *(workdir / ".snakemake" / "log").rglob("*")]:
         if path.is_file():
             assert FAKE_KEY.encode() not in path.read_bytes(), path
