@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-STATUSES = ("ok", "unsupported", "unavailable", "oom", "error", "numerics_fail")
+STATUSES = ("ok", "unsupported", "unavailable", "oom", "error", "timeout", "numerics_fail")
 
 # name: (type, description). Types: string, integer, number, boolean, list (of strings or numbers).
 COLUMNS: dict[str, tuple[str, str]] = {

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -65,11 +64,15 @@ def _cmd_guard(args) -> int:
 
 
 def _cmd_lease(args) -> int:
+    from attnbench.workflow import process
     from attnbench.workflow.lease import gpu_lease
 
     with gpu_lease() as device:
         print(f"attnbench lease: GPU {device}", file=sys.stderr)
-        return subprocess.call(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device})
+        try:  # in its own process group, stopped as a whole when the lease is stopped
+            return process.run(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device}).code
+        except process.Stopped as stop:
+            return 128 + stop.signum
 
 
 def _cmd_rule_cases(args) -> int:

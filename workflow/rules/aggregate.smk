@@ -57,5 +57,5 @@ rule aggregate:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench aggregate --merged {output.merged:q} --tables {params.tables:q} --figures {params.figures:q} "
+        "exec attnbench aggregate --merged {output.merged:q} --tables {params.tables:q} --figures {params.figures:q} "
         "{input.results:q} > {log:q} 2>&1"

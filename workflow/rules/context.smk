@@ -27,7 +27,7 @@ rule context_pretrain:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context pretrain --job {input.job:q} --threads {threads} --out {output:q} "
+        "exec {params.lease} attnbench context pretrain --job {input.job:q} --threads {threads} --out {output:q} "
         "> {log:q} 2>&1"
 
 
@@ -51,7 +51,7 @@ rule context_evaluate:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context evaluate --job {input.job:q} --checkpoint {input.checkpoint:q} "
+        "exec {params.lease} attnbench context evaluate --job {input.job:q} --checkpoint {input.checkpoint:q} "
         "--threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
@@ -75,7 +75,7 @@ rule context_cost:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
+        "exec {params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
         "attnbench microbench --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -94,7 +94,7 @@ rule context_rope_overhead:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context rope-overhead --job {input.job:q} --threads {threads} --out {output:q} "
+        "exec {params.lease} attnbench context rope-overhead --job {input.job:q} --threads {threads} --out {output:q} "
         "> {log:q} 2>&1"
 
 
@@ -114,5 +114,5 @@ rule context_tables:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench context tables --capability {input.capability:q} --cost {input.cost:q} "
+        "exec attnbench context tables --capability {input.capability:q} --cost {input.cost:q} "
         "--rope-overhead {input.rope:q} --out-dir {params.folder:q} > {log:q} 2>&1"

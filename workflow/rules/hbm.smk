@@ -32,7 +32,7 @@ rule hbm:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
+        "exec {params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule hbm_table:
@@ -45,7 +45,7 @@ rule hbm_table:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench hbm-table --out {output:q} {input:q} > {log:q} 2>&1"
+        "exec attnbench hbm-table --out {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule hbm_ledger:
@@ -59,7 +59,7 @@ rule hbm_ledger:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench ledger --job {input.job:q} --hbm {input.hbm:q} --out {output:q} > {log:q} 2>&1"
+        "exec attnbench ledger --job {input.job:q} --hbm {input.hbm:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule hbm_figures:
@@ -75,4 +75,4 @@ rule hbm_figures:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench hbm-figures --hbm {input.hbm:q} --ledger {input.ledger:q} --out {params.folder:q} > {log:q} 2>&1"
+        "exec attnbench hbm-figures --hbm {input.hbm:q} --ledger {input.ledger:q} --out {params.folder:q} > {log:q} 2>&1"

@@ -30,7 +30,7 @@ rule pretrain_experiment:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench experiment run --job {input.job:q} --out {params.folder:q} "
+        "exec {params.lease} attnbench experiment run --job {input.job:q} --out {params.folder:q} "
         "--ceilings {input.ceilings:q} --no-progress > {log:q} 2>&1"
 
 
@@ -53,5 +53,5 @@ for _experiment in PLAN.pretrain:
         conda:
             "../envs/attnbench.yaml"
         shell:
-            "attnbench experiment report --name {params.experiment:q} --in {params.source:q} "
+            "exec attnbench experiment report --name {params.experiment:q} --in {params.source:q} "
             "--out {params.folder:q} > {log:q} 2>&1"

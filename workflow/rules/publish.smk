@@ -24,5 +24,5 @@ rule publish:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench publish --results {params.results:q} --env {params.env:q} --project {params.project:q} "
+        "exec attnbench publish --results {params.results:q} --env {params.env:q} --project {params.project:q} "
         "{params.entity:q} {params.tags:q} --out {output:q} > {log:q} 2>&1"

@@ -29,4 +29,4 @@ rule report:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench render --results {params.results:q} --out {output:q} {input.notebooks:q} > {log:q} 2>&1"
+        "exec attnbench render --results {params.results:q} --out {output:q} {input.notebooks:q} > {log:q} 2>&1"
