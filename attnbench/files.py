@@ -7,8 +7,11 @@ command's work (``attnbench.cli.main``): an output path that is one of the input
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -56,6 +59,29 @@ def read_json(path: str | Path, what: str = "JSON file"):
         return json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{path}: not a {what} ({_short(err)})") from None
+
+
+@contextlib.contextmanager
+def staged_folders(*folders: str | Path):
+    """Temporary folders beside ``folders`` to write into; their files replace the folders' files only when
+    the block ends without an error, so a failed run leaves the previous outputs as they were."""
+    targets = [Path(f) for f in folders]
+    staged = []
+    try:
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staged.append(Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)))
+        yield staged
+        for target, tmp in zip(targets, staged):
+            target.mkdir(parents=True, exist_ok=True)
+            for path in sorted(tmp.rglob("*")):
+                if path.is_file():
+                    dest = target / path.relative_to(tmp)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(path, dest)
+    finally:
+        for tmp in staged:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _paths(value) -> Iterable[Path]:

@@ -150,6 +150,8 @@ def write_atomic(df: pd.DataFrame, path: str | Path) -> None:
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
-    df = pd.read_parquet(path)
+    from attnbench.files import read_parquet
+
+    df = read_parquet(path)
     validate_rows(df, str(path))
     return df

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.errors import ConfigError
+from attnbench.files import read_parquet
 
 
 def _job(path: str, stages: tuple[str, ...], threads: int | None) -> dict:
@@ -92,7 +93,7 @@ def _cmd_tables(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if args.capability:
-        cap = pd.concat([pd.read_parquet(p) for p in args.capability], ignore_index=True)
+        cap = pd.concat([read_parquet(p) for p in args.capability], ignore_index=True)
         write_atomic(cap, out / "capability.parquet")
         ok = cap[cap["status"] == "ok"]
         for name, table in (("perplexity_sliding", tables.perplexity_table(ok, "sliding")),
@@ -103,12 +104,12 @@ def _cmd_tables(args) -> int:
         (out / "passkey.md").write_text(passkey + "\n")
         written += ["perplexity_sliding.md", "perplexity_truncated.md", "passkey.md"]
     if args.cost:
-        cost = pd.concat([pd.read_parquet(p) for p in args.cost], ignore_index=True)
+        cost = pd.concat([read_parquet(p) for p in args.cost], ignore_index=True)
         write_atomic(cost, out / "cost.parquet")
         (out / "cost.md").write_text(tables.to_markdown(tables.cost_table(cost)) + "\n")
         written.append("cost.md")
     if args.rope_overhead:
-        rope = pd.read_parquet(args.rope_overhead)
+        rope = read_parquet(args.rope_overhead)
         (out / "rope_overhead.md").write_text(tables.to_markdown(tables.rope_overhead_table(rope), ".3f") + "\n")
         written.append("rope_overhead.md")
     print(f"wrote {', '.join(written)} to {out}", file=sys.stderr)

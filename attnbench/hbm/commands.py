@@ -13,6 +13,7 @@ import sys
 import pandas as pd
 
 from attnbench.errors import ConfigError
+from attnbench.files import read_parquet
 
 
 def _cmd_hbm(args) -> int:
@@ -57,7 +58,7 @@ def _cmd_table(args) -> int:
 
     parts = []
     for path in args.parts:
-        df = pd.read_parquet(path)
+        df = read_parquet(path)
         validate_rows(df, path)
         parts.append(df)
     df = frame(pd.concat(parts, ignore_index=True).to_dict("records"))
@@ -69,7 +70,7 @@ def _cmd_table(args) -> int:
 def _read_tables(paths: list[str] | None) -> pd.DataFrame | None:
     if not paths:
         return None
-    return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+    return pd.concat([read_parquet(p) for p in paths], ignore_index=True)
 
 
 def _cmd_ledger(args) -> int:
@@ -90,7 +91,7 @@ def _cmd_ledger(args) -> int:
 def _cmd_figures(args) -> int:
     from attnbench.report.hbm import write_figures
 
-    paths = write_figures(_read_tables(args.hbm), pd.read_parquet(args.ledger), args.out)
+    paths = write_figures(_read_tables(args.hbm), read_parquet(args.ledger), args.out)
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 

@@ -11,14 +11,16 @@ import sys
 
 def _cmd_aggregate(args) -> int:
     from attnbench.bench.results import write_atomic
+    from attnbench.files import staged_folders
     from attnbench.report.aggregate import load_results
     from attnbench.report.figures import write_figures
     from attnbench.report.tables import write_tables
 
-    df = load_results(args.inputs)
+    df = load_results(args.inputs)  # every input checked first: a bad one is one line, and nothing is written
+    with staged_folders(args.tables, args.figures) as (tables_dir, figures_dir):  # old outputs stay until all are new
+        index = write_tables(df, tables_dir)
+        figures = write_figures(df, figures_dir)
     write_atomic(df, args.merged)
-    index = write_tables(df, args.tables)
-    figures = write_figures(df, args.figures)
     print(f"joined {len(args.inputs)} files, {len(df)} rows ({', '.join(f'{k} {v}' for k, v in df.groupby('status').size().items())}); "
           f"{len(index)} tables, {len(figures)} figure files", file=sys.stderr)
     return 0

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from attnbench.report.text import md_frame
+
 ROW_KEYS = ["method", "factor", "window", "finetune_steps"]  # factor = extended window / pretraining length
 LABELS = {"none": "none (extrapolation)", "linear": "PI (linear)", "ntk": "NTK-aware", "dynamic_ntk": "dynamic NTK",
           "yarn": "YaRN", "llama3": "Llama 3"}
@@ -45,7 +47,7 @@ def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def to_markdown(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
-    return table.to_markdown(index=False, floatfmt=floatfmt)
+    return md_frame(table).to_markdown(index=False, floatfmt=floatfmt)
 
 
 def cost_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -201,11 +201,13 @@ def layouts_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
 def render(name: str, exp_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Tables and the figure of experiment ``name`` from ``exp_dir``'s parquet files into ``out_dir``."""
     exp_dir, out_dir = Path(exp_dir), Path(out_dir)
-    runs = pd.read_parquet(exp_dir / "runs.parquet")
-    steps = pd.read_parquet(exp_dir / "steps.parquet")
+    from attnbench.files import read_parquet
+
+    runs = read_parquet(exp_dir / "runs.parquet")
+    steps = read_parquet(exp_dir / "steps.parquet")
     if name == "divergence":
-        tables, fig = divergence_outputs(runs, steps, pd.read_parquet(exp_dir / "divergence.parquet"),
-                                         pd.read_parquet(exp_dir / "numerics.parquet"))
+        tables, fig = divergence_outputs(runs, steps, read_parquet(exp_dir / "divergence.parquet"),
+                                         read_parquet(exp_dir / "numerics.parquet"))
     else:
         tables, fig = {"lr_sensitivity": lr_outputs, "fp8": fp8_outputs, "layouts": layouts_outputs}[name](runs, steps)
     paths = []

@@ -51,12 +51,14 @@ def publish(results_dir: str | Path, env_dir: str | Path, out: str | Path, *, pr
         os.environ.setdefault(var, str((wandb_dir / sub).resolve()))
     import wandb
 
+    from attnbench.files import read_json, read_parquet
+
     config = yaml.safe_load((env_dir / "config.yaml").read_text())
-    provenance = json.loads((env_dir / "versions.json").read_text())
-    ceilings = json.loads((env_dir / "ceilings.json").read_text())
-    merged = pd.read_parquet(results_dir / "microbench.parquet")
+    provenance = read_json(env_dir / "versions.json", "versions file (attnbench env)")
+    ceilings = read_json(env_dir / "ceilings.json", "ceilings file (attnbench ceilings)")
+    merged = read_parquet(results_dir / "microbench.parquet")
     tables_dir, figures_dir = results_dir / "microbench" / "tables", results_dir / "microbench" / "figures"
-    index = json.loads((tables_dir / "index.json").read_text())
+    index = read_json(tables_dir / "index.json", "table index (attnbench aggregate)")
     mode = wandb_mode()
     run = wandb.init(project=project, entity=entity, mode=mode, dir=os.environ["WANDB_DIR"],
                      job_type="microbench-sweep", name=f"{config['sweep']}-{provenance.get('git_sha', 'unknown')}",

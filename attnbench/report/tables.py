@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.bench.results import STATUSES
+from attnbench.report.text import md_frame, md_text
 
 PREFILL = ("fwd", "fwd_bwd")
 MEASURED = ("ok", "numerics_fail")  # rows that carry a time
@@ -291,7 +292,9 @@ def build_tables(df: pd.DataFrame) -> list[Table]:
 
 
 def to_markdown(table: Table) -> str:
-    return f"Table ({table.name}): {table.caption}\n\n{table.display.reset_index().to_markdown(index=False)}\n"
+    """The caption and the display frame as Markdown, every string escaped (:mod:`attnbench.report.text`)."""
+    body = md_frame(table.display.reset_index()).to_markdown(index=False)
+    return f"Table ({table.name}): {md_text(table.caption)}\n\n{body}\n"
 
 
 _LATEX_SPECIAL = {"·": r"$\cdot$", "×": r"$\times$", "−": "-", "\\": r"\textbackslash{}", "&": r"\&",

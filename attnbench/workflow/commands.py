@@ -21,9 +21,10 @@ def _cmd_env(args) -> int:
     import yaml
 
     from attnbench.bench.provenance import environment
+    from attnbench.files import read_json
     from attnbench.kernels.registry import all_backends, safe_available, safe_version
 
-    config = json.loads(Path(args.config_in).read_text())  # the planner's snapshot: validated at parse time
+    config = read_json(args.config_in, "config snapshot (results/<sweep>/plan/config.json)")  # validated when planned
     device = config["device"]
     Path(args.config_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.config_out).write_text("# The effective config of this sweep (validated, defaults filled, device "

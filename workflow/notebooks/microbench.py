@@ -30,6 +30,7 @@ import pandas as pd
 from IPython.display import Image, Markdown, display
 
 from attnbench.report import figures, tables
+from attnbench.report.text import md_code, md_frame, md_text  # every string from the results is escaped
 
 RESULTS = Path(os.environ.get("ATTNBENCH_RESULTS", "results/default"))
 df = pd.read_parquet(RESULTS / "microbench.parquet")
@@ -62,9 +63,9 @@ sweep = df["sweep"].mode().iloc[0]
 counts = df.groupby("status").size()
 not_run = df[df["status"].isin(["unavailable", "unsupported"])].drop_duplicates("backend")
 lines = [
-    f"**Sweep** `{sweep}` on **{tables.device_text(df)}**: {len(df)} rows "
-    f"({', '.join(f'{n} {s}' for s, n in counts.items())}) over {df['case_id'].nunique()} cases and "
-    f"{df['backend'].nunique()} backends ({', '.join(dict.fromkeys(df['backend']))}).",
+    f"**Sweep** {md_code(sweep)} on **{md_text(tables.device_text(df))}**: {len(df)} rows "
+    f"({', '.join(f'{n} {md_text(s)}' for s, n in counts.items())}) over {df['case_id'].nunique()} cases and "
+    f"{df['backend'].nunique()} backends ({md_text(', '.join(dict.fromkeys(df['backend'])))}).",
     f"**Roofline**: {tables.ceilings_text(df)}.",
 ]
 ridge = (ok["peak_flops"] / ok["peak_bytes_per_s"]).median() if len(ok) else float("nan")
@@ -79,7 +80,7 @@ if len(over):
                  "size), so a kernel that beats them shows where they understate the machine's peak.")
 unavailable = df[df["status"] == "unavailable"].drop_duplicates("backend")
 for row in unavailable.itertuples():
-    lines.append(f"- `{row.backend}` could not run here: {row.reason}")
+    lines.append(f"- {md_code(row.backend)} could not run here: {md_text(row.reason)}")
 display(Markdown("\n\n".join(lines)))
 
 # %% [markdown]
@@ -96,7 +97,8 @@ def not_measured(frame: pd.DataFrame, modes) -> str:
     if rows.empty:
         return ""
     first = rows.drop_duplicates("backend")
-    return " Not measured: " + ", ".join(f"`{r.backend}` ({r.status}: {str(r.reason)[:80]})" for r in first.itertuples()) + "."
+    return " Not measured: " + ", ".join(f"{md_code(r.backend)} ({md_text(r.status)}: {md_text(str(r.reason)[:80])})"
+                                         for r in first.itertuples()) + "."
 
 
 def winners_text(frame: pd.DataFrame) -> list[str]:
@@ -109,10 +111,10 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             g = g[g["seq_kv"] == longest]
             best = g.sort_values("tflops", ascending=False).iloc[0]
             rest = g[g["backend"] != best["backend"]]
-            margin = (f", {best['tflops'] / rest['tflops'].max():.2f}x the next ({rest.sort_values('tflops').iloc[-1]['backend']})"
-                      if len(rest) else "")
+            margin = (f", {best['tflops'] / rest['tflops'].max():.2f}x the next "
+                      f"({md_text(rest.sort_values('tflops').iloc[-1]['backend'])})" if len(rest) else "")
             out.append(f"- **{mode}{' causal' if causal else ''} {dtype}, S={longest}** ({shape}): "
-                       f"`{best['backend']}` at {best['tflops']:.3g} TFLOP/s{margin}; {best['bound']}-bound, "
+                       f"{md_code(best['backend'])} at {best['tflops']:.3g} TFLOP/s{margin}; {md_text(best['bound'])}-bound, "
                        f"{pct(best['frac_of_peak'])} of the roofline at its intensity "
                        f"({best['intensity']:.3g} FLOP/B)." + not_measured(frame, [mode]))
     decode, shape = tables.reference_slice(frame[frame["status"] == "ok"], ("decode",), by_layout=True)
@@ -122,9 +124,9 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             g = g[g["seq_kv"] == longest]
             best = g.sort_values("gbps", ascending=False).iloc[0]
             share = best["gbps"] * 1e9 / best["peak_bytes_per_s"]
-            out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): `{best['backend']}` at "
+            out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): {md_code(best['backend'])} at "
                        f"{tables.fmt(best['gbps'])} GB/s, {pct(share)} of the measured copy bandwidth; "
-                       f"{best['bound']}-bound (intensity {best['intensity']:.3g} FLOP/B)."
+                       f"{md_text(best['bound'])}-bound (intensity {best['intensity']:.3g} FLOP/B)."
                        + not_measured(frame, ["decode"]))
     return out
 
@@ -141,7 +143,7 @@ def why_text(frame: pd.DataFrame) -> list[str]:
     for label, rows in (("Prefill (fwd, fwd_bwd) with fused kernels", okf[~unfused & prefill]),
                         ("Decode with fused kernels", okf[~unfused & (okf["mode"] == "decode")]),
                         ("Prefill with kernels that write the S x S score matrix to memory ("
-                         + ", ".join(dict.fromkeys(okf.loc[unfused & prefill, "backend"])) + ")",
+                         + md_text(", ".join(dict.fromkeys(okf.loc[unfused & prefill, "backend"]))) + ")",
                          okf[unfused & prefill])):
         if rows.empty:
             continue
@@ -149,7 +151,7 @@ def why_text(frame: pd.DataFrame) -> list[str]:
         bounds = rows["bound"].value_counts()
         side = "above" if rows["intensity"].median() > ridge else "below"
         out.append(f"- {label}: intensity {lo:.3g}-{hi:.3g} FLOP/B, median {side} the ridge ({ridge:.3g}); "
-                   f"rows labelled " + ", ".join(f"{b} {n}" for b, n in bounds.items()) + ".")
+                   f"rows labelled " + ", ".join(f"{md_text(b)} {n}" for b, n in bounds.items()) + ".")
     out.append("- A **compute-bound** case is won by the kernel that keeps the matrix units busiest (its share of "
                "the matmul peak); a **memory-bound** one by the kernel that moves the fewest bytes at the highest "
                "bandwidth (fused kernels never write the scores; GQA/MQA/MLA shrink the KV cache); a "
@@ -195,7 +197,7 @@ table("err_ratio")
 wins = pd.read_csv(TABLES / "winners.csv")
 if "winner" in wins:
     summary = wins.groupby(["mode", "bound", "winner"]).size().rename("cases won").reset_index()
-    display(Markdown("Cases won per backend and roofline side:\n\n" + summary.to_markdown(index=False)))
+    display(Markdown("Cases won per backend and roofline side:\n\n" + md_frame(summary).to_markdown(index=False)))
 table("winners")
 
 # %% [markdown]
@@ -211,5 +213,5 @@ table("status")
 fields = ["device_name", "driver", "torch_version", "cuda_version", "cudnn_version", "triton_version",
           "python_version", "git_sha", "host"]
 prov = df[fields].astype("string").fillna("").drop_duplicates()
-display(Markdown(prov.to_markdown(index=False)))
-display(Markdown(f"Measured {df['timestamp'].min()} to {df['timestamp'].max()} (UTC)."))
+display(Markdown(md_frame(prov).to_markdown(index=False)))
+display(Markdown(f"Measured {md_text(df['timestamp'].min())} to {md_text(df['timestamp'].max())} (UTC)."))
