@@ -175,6 +175,7 @@ def read_marker(out: str | Path) -> dict | None:
 
 def write_marker(out: str | Path, marker: dict) -> None:
     path = marker_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(marker, indent=1))
     os.replace(tmp, path)
@@ -200,8 +201,11 @@ def snakemake_running(workdir: str | Path = ".") -> bool:
     return locks.is_dir() and any(locks.iterdir())
 
 
-def reopen(results_dir: str | Path, log: Callable[[str], None] = _stderr) -> list[Path]:
-    """Reopen every interrupted output under ``results_dir`` (see the module docstring); returns them."""
+def reopen(results_dir: str | Path, log: Callable[[str], None] = _stderr, workdir: str | Path = ".") -> list[Path]:
+    """Reopen every interrupted output under ``results_dir`` (see the module docstring); returns them.
+    Nothing is touched while a Snakemake holds ``workdir``'s lock (it may be writing those outputs)."""
+    if snakemake_running(workdir):
+        return []
     reopened = []
     for marker in sorted(Path(results_dir).rglob("*.interrupted")):
         out = Path(str(marker)[: -len(".interrupted")])

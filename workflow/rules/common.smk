@@ -36,9 +36,7 @@ PLAN.write_jobs(P.PLAN_DIR)
 # A job that crashed or was stopped at the deadline left its output with error rows and a marker: put its
 # finished rows back in its side file and remove the output, so this run measures only the rest
 # (attnbench.workflow.resume). Not while another Snakemake works in this folder.
-if not resume.snakemake_running():
-    for _out in resume.reopen(P.RESULTS):
-        logger.info(f"attnbench: rerunning the unfinished cases of {_out}")
+resume.reopen(P.RESULTS, log=logger.info)
 NAME = NAME_PATTERN.pattern.strip("^$")  # the one pattern every sweep, group and backend name matches
 
 
