@@ -152,9 +152,11 @@ class SideFile:
         write_side(self.frame(), self.out, self.fingerprint)
 
     def finish(self) -> pd.DataFrame:
-        """Write the output (every row of the job) and remove the side file; returns the rows."""
+        """Write the output (every row of the job), then remove the side file and any interrupted marker
+        (the output is complete now); returns the rows."""
         df = self.frame()
         write_atomic(df, self.out)
+        remove_marker(self.out)
         side_path(self.out).unlink(missing_ok=True)
         return df
 
