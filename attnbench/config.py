@@ -180,15 +180,12 @@ def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     if err.validator == "enum":
         return f"{where}={err.instance!r} is not allowed; allowed: {', '.join(map(str, err.validator_value))}"
     if err.validator == "pattern":
-        return f"{where}={err.instance!r} is not allowed; allowed: a {_pattern_noun(err)} matching {err.validator_value}"
+        noun = "name" if err.validator_value == NAME_PATTERN_TEXT else "value"
+        return f"{where}={err.instance!r} is not allowed; allowed: a {noun} matching {err.validator_value}"
     if err.validator == "propertyNames":
         return f"{where}: a name in this mapping is not allowed ({err.message}); allowed: names matching the pattern"
     message = " ".join(err.message.split())
     return f"{where}: {message[:300]}"
-
-
-def _pattern_noun(err: jsonschema.ValidationError) -> str:
-    return "name" if err.validator_value == NAME_PATTERN_TEXT else "value"
 
 
 def _finite(value, where: str) -> None:

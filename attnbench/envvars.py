@@ -66,11 +66,11 @@ def _wandb_mode(value: str) -> str:
 
 # name: (check, what it is); docs/security.md lists them
 VARIABLES = {
-    "ATTNBENCH_DEADLINE": (_deadline, "Unix time after which no results job starts, and running ones stop (attnbench guard)"),
+    "ATTNBENCH_DEADLINE": (_deadline, "Unix time after which no results job starts, and running ones stop"),
     "ATTNBENCH_LOCK_DIR": (_lock_dir, "folder of the GPU lease lock files (default: <tmp>/attnbench-gpu-locks)"),
     "ATTNBENCH_GIT_SHA": (_git_sha, "the commit every row records, for copies without .git"),
     "CUDA_VISIBLE_DEVICES": (_visible_devices, "the GPUs a job may lease: comma-separated indices or UUIDs"),
-    "WANDB_MODE": (_wandb_mode, "wandb's mode for `snakemake publish` (default: online with WANDB_API_KEY, else offline)"),
+    "WANDB_MODE": (_wandb_mode, "wandb's mode for `snakemake publish` (default: online with a key, else offline)"),
 }
 
 

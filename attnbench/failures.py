@@ -13,7 +13,7 @@ import torch
 
 OOM_REASON_CHARS = 300  # an out-of-memory message lists the allocator's state: its head is enough
 REASON_CHARS = 800
-CPU_OOM = "can't allocate memory"  # c10's DefaultCPUAllocator: "[enforce fail ...] ... can't allocate memory: you tried ..."
+CPU_OOM = "can't allocate memory"  # c10's DefaultCPUAllocator: "... DefaultCPUAllocator: can't allocate memory: ..."
 
 
 def one_line(err: BaseException, caught=()) -> str:

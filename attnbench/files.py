@@ -102,6 +102,7 @@ def refuse_overwrite(args) -> None:
         for out in _paths(getattr(args, dest, None)):
             for other, path in inputs:
                 if _same(out, path):
-                    what = "one of the input files" if other in ("inputs", "parts", "notebooks") else f"--{other.replace('_', '-')}"
+                    what = ("one of the input files" if other in ("inputs", "parts", "notebooks")
+                            else f"--{other.replace('_', '-')}")
                     raise InputError(f"--{dest.replace('_', '-')} {str(out)!r} is also {what}; allowed: an output "
                                      "path that is none of the command's inputs")

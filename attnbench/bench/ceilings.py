@@ -66,7 +66,8 @@ class Ceilings:
         matmul = data.get("matmul_flops_per_s", {})
         if not isinstance(matmul, dict):
             raise InputError(f"{path}: matmul_flops_per_s={matmul!r} is not allowed; allowed: dtype -> FLOP/s")
-        rates = {"copy_bytes_per_s": data["copy_bytes_per_s"], **{f"matmul_flops_per_s.{k}": v for k, v in matmul.items()}}
+        rates = {"copy_bytes_per_s": data["copy_bytes_per_s"],
+                 **{f"matmul_flops_per_s.{dtype}": rate for dtype, rate in matmul.items()}}
         for key, value in rates.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise InputError(f"{path}: {key}={value!r} is not allowed; allowed: a positive finite rate")

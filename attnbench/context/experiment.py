@@ -43,7 +43,8 @@ from attnbench.train.loop import TrainConfig, lm_loss, lr_at
 
 Log = Callable[[str], None]
 MAX_EVAL_FACTOR = 64  # evaluation lengths beyond 64 x train_len are refused at planning time
-CHECKPOINT_KEYS = ("model_config", "state_dict", "losses", "train_s", "params", "data", "data_sha256", "spec")  # pretrain()
+CHECKPOINT_KEYS = ("model_config", "state_dict", "losses", "train_s", "params", "data", "data_sha256",
+                   "spec")  # what pretrain() returns
 
 
 def _stderr(message: str) -> None:
@@ -82,7 +83,8 @@ def check_capability(spec: dict, where: str) -> dict:
             rope_config(spec, variant.method, variant.rope_factor)
     model = _model_config(spec, rope_config(spec, "none", 1.0), spec["train_len"])
     if model.backend not in backend_names():
-        raise ConfigError(f"{where}.model.backend={model.backend!r} is not known; allowed: {', '.join(backend_names())}")
+        raise ConfigError(f"{where}.model.backend={model.backend!r} is not known; "
+                          f"allowed: {', '.join(backend_names())}")
     return spec
 
 

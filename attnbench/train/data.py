@@ -84,10 +84,12 @@ def check_source(cfg: DataConfig, where: str) -> None:
             with path.open("rb"):
                 pass
         except OSError as err:
-            raise ConfigError(f"{where}.path={cfg.path!r} cannot be read ({err.strerror}); allowed: a readable file") from None
+            raise ConfigError(f"{where}.path={cfg.path!r} cannot be read ({err.strerror}); "
+                              "allowed: a readable file") from None
         size = path.stat().st_size
         if size < MIN_BYTES:
-            raise ConfigError(f"{where}.path={cfg.path!r} has {size} bytes; allowed: a file of at least {MIN_BYTES} bytes")
+            raise ConfigError(f"{where}.path={cfg.path!r} has {size} bytes; "
+                              f"allowed: a file of at least {MIN_BYTES} bytes")
     elif cfg.source == "synthetic":
         s = cfg.synthetic
         if s.vocab ** s.order > MAX_CONTEXTS or s.branching > s.vocab:

@@ -88,8 +88,8 @@ def _outcome(finished: process.Finished | None, limit_s: float | None, sweep_lef
             return "timeout", (f"the job reached its time limit (job_time_limit_s={limit_s:g} s) before this case "
                                "finished"), False
         return "error", f"stopped at the sweep deadline (${DEADLINE_ENV}) before this case finished", True
-    what = f"job {process.exit_text(finished.code)}"
-    return "error", f"{what} before this case finished" + (f": {finished.last_line}" if finished.last_line else ""), True
+    last = f": {finished.last_line}" if finished.last_line else ""
+    return "error", f"job {process.exit_text(finished.code)} before this case finished{last}", True
 
 
 def guard(cmd: list[str], *, job: dict, backends: list[str], out: str) -> int:

@@ -220,7 +220,8 @@ def test_good_environment_values_are_parsed(monkeypatch, tmp_path):
 @pytest.mark.parametrize("args, fragment", [
     (["context", "evaluate", "--job", "j", "--checkpoint", "c", "--out", "o", "--threads", "-3"],
      "argument --threads: '-3' is not allowed; allowed: a whole number from 1 to 1024"),
-    (["experiment", "run", "--job", "j", "--out", "o", "--threads", "many"], "argument --threads: 'many' is not allowed"),
+    (["experiment", "run", "--job", "j", "--out", "o", "--threads", "many"],
+     "argument --threads: 'many' is not allowed"),
     (["wheelhouse", "--out", "w", "--cuda", "1000"], "argument --cuda: '1000' is not allowed"),
     (["no-such-command"], "invalid choice: 'no-such-command'"),
 ])

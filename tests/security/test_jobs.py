@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from attnbench.bench import microbench
-from attnbench.bench.ceilings import Ceilings
 from attnbench.bench.microbench import RunOptions, run_group
 from attnbench.case import Case
 from attnbench.cli import main

@@ -11,7 +11,6 @@ import re
 import shlex
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -23,7 +22,8 @@ TAGS = ["$(touch PWNED-tag)", "a;touch PWNED-semicolon", "`touch PWNED-backtick`
         "&& touch PWNED-and", "*", "~root"]
 DATA = "data/$(touch PWNED-data); `id` & x.txt"
 UNQUOTED_OK = {"{threads}", "{params.lease}"}  # an integer; a constant of common.smk ("" or "attnbench lease --")
-STUB = "#!/usr/bin/env python3\nimport json, os, sys\nopen(os.environ['STUB_LOG'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+STUB = ("#!/usr/bin/env python3\nimport json, os, sys\n"
+        "open(os.environ['STUB_LOG'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
 
 
 def _shell_strings(text: str) -> list[str]:
@@ -101,5 +101,6 @@ def test_a_bad_environment_variable_stops_snakemake_at_parse_time_in_one_line(tm
                            "--configfile", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "ATTNBENCH_DEADLINE": "in an hour"})
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "attnbench: config error: ATTNBENCH_DEADLINE='in an hour' is not allowed; allowed: a Unix time" in proc.stderr
+    expected = "attnbench: config error: ATTNBENCH_DEADLINE='in an hour' is not allowed; allowed: a Unix time"
+    assert expected in proc.stderr
     assert not (tmp_path / "results").exists()

@@ -114,7 +114,8 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             margin = (f", {best['tflops'] / rest['tflops'].max():.2f}x the next "
                       f"({md_text(rest.sort_values('tflops').iloc[-1]['backend'])})" if len(rest) else "")
             out.append(f"- **{mode}{' causal' if causal else ''} {dtype}, S={longest}** ({shape}): "
-                       f"{md_code(best['backend'])} at {best['tflops']:.3g} TFLOP/s{margin}; {md_text(best['bound'])}-bound, "
+                       f"{md_code(best['backend'])} at {best['tflops']:.3g} TFLOP/s{margin}; "
+                       f"{md_text(best['bound'])}-bound, "
                        f"{pct(best['frac_of_peak'])} of the roofline at its intensity "
                        f"({best['intensity']:.3g} FLOP/B)." + not_measured(frame, [mode]))
     decode, shape = tables.reference_slice(frame[frame["status"] == "ok"], ("decode",), by_layout=True)

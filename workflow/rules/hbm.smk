@@ -32,7 +32,8 @@ rule hbm:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "exec {params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
+        "exec {params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} "
+        "> {log:q} 2>&1"
 
 
 rule hbm_table:
@@ -75,4 +76,5 @@ rule hbm_figures:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "exec attnbench hbm-figures --hbm {input.hbm:q} --ledger {input.ledger:q} --out {params.folder:q} > {log:q} 2>&1"
+        "exec attnbench hbm-figures --hbm {input.hbm:q} --ledger {input.ledger:q} --out {params.folder:q} "
+        "> {log:q} 2>&1"
