@@ -79,17 +79,22 @@ def _finished_rows(out: Path, fingerprint: str):
     return pd.concat(frames, ignore_index=True).drop_duplicates(["case_id", "backend"], keep="last")
 
 
+FINAL, RETRIED, CRASHED = "final", "retried", "crashed"  # what happens to the pairs a job left without rows
+
+
 def _outcome(finished: process.Finished | None, limit_s: float | None, sweep_left_s: float | None):
-    """(status, reason, retried) for the pairs a child left without rows."""
+    """(status, reason, what next) for the pairs a child left without rows: ``FINAL`` (a runaway job's
+    ``timeout`` rows), ``RETRIED`` (the sweep deadline: always retried), ``CRASHED`` (retried until the job
+    crashes :data:`~attnbench.workflow.resume.MAX_ATTEMPTS` times in a row without progress)."""
     if finished is None:
-        return "error", f"not run: the sweep deadline (${DEADLINE_ENV}) had passed", True
+        return "error", f"not run: the sweep deadline (${DEADLINE_ENV}) had passed", RETRIED
     if finished.code is None:
         if limit_s is not None and (sweep_left_s is None or limit_s <= sweep_left_s):
             return "timeout", (f"the job reached its time limit (job_time_limit_s={limit_s:g} s) before this case "
-                               "finished"), False
-        return "error", f"stopped at the sweep deadline (${DEADLINE_ENV}) before this case finished", True
+                               "finished"), FINAL
+        return "error", f"stopped at the sweep deadline (${DEADLINE_ENV}) before this case finished", RETRIED
     last = f": {finished.last_line}" if finished.last_line else ""
-    return "error", f"job {process.exit_text(finished.code)} before this case finished{last}", True
+    return "error", f"job {process.exit_text(finished.code)} before this case finished{last}", CRASHED
 
 
 def guard(cmd: list[str], *, job: dict, backends: list[str], out: str) -> int:
@@ -120,16 +125,20 @@ def guard(cmd: list[str], *, job: dict, backends: list[str], out: str) -> int:
         if finished.code == 0 and out_path.is_file():
             resume.remove_marker(out)
             return 0
-    status, reason, retried = _outcome(finished, limit_s, sweep_left_s)
+    status, reason, then = _outcome(finished, limit_s, sweep_left_s)
     kept = _finished_rows(out_path, fingerprint)
     done = set(zip(kept["case_id"], kept["backend"])) if kept is not None else set()
-    if retried:
-        attempts = resume.next_attempt(out, fingerprint, len(done))
-        final = attempts >= resume.MAX_ATTEMPTS
-        reason = (f"{reason} (not retried: the job stopped {attempts} times in a row without finishing another case; "
-                  f"remove {resume.marker_path(out)} to retry)" if final else f"{reason} {resume.RETRY_NOTE}")
+    attempts = resume.next_attempt(out, fingerprint, len(done)) if then == CRASHED else 0
+    final = attempts >= resume.MAX_ATTEMPTS
+    if final:
+        reason += (f" (not retried: the job crashed {attempts} times in a row without finishing another case; "
+                   f"remove {resume.marker_path(out)} to retry)")
+    elif then != FINAL:
+        reason += f" {resume.RETRY_NOTE}"
     missing = status_rows(job, backends, status, reason, done)
-    if retried:  # the marker first: an output without its marker would look complete
+    if then == FINAL:
+        resume.remove_marker(out)
+    else:  # the marker first: an output without its marker would look complete
         resume.write_marker(out, {"fingerprint": fingerprint, "attempts": attempts, "final": final,
                                   "finished": len(done), "reason": reason,
                                   "pairs": [list(p) for p in zip(missing["case_id"], missing["backend"])]})
