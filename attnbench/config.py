@@ -24,13 +24,16 @@ checks a config the same way without Snakemake). The planner then checks what a 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from importlib.resources import files
 from pathlib import Path
 
 import jsonschema
+import referencing
 import torch
 import yaml
+from referencing.jsonschema import DRAFT202012
 
 from attnbench.errors import ConfigError
 
@@ -39,6 +42,7 @@ SECTIONS = ("stability", "hbm", "pretrain", "context", "triton", "report")  # sc
 MAX_CONFIG_BYTES = 1 << 20
 MAX_EXTENDS_DEPTH = 8
 DEFAULT_CONFIG = Path("config") / "config.yaml"
+NAME_PATTERN_TEXT = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # every name that becomes a path or a word (plan.NAME_PATTERN)
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -188,6 +192,15 @@ def load_schema(section: str | None = None) -> dict:
     return yaml.safe_load((SCHEMA_DIR / f"{section or 'config'}.schema.yaml").read_text())
 
 
+@functools.cache
+def _registry() -> referencing.Registry:
+    """Every schema under its file name, so that a section can ``$ref`` another's keys
+    (``context.capability.model`` is ``pretrain.schema.yaml#/properties/model``)."""
+    return referencing.Registry().with_resources(
+        (f"{name}.schema.yaml", referencing.Resource.from_contents(load_schema(name), DRAFT202012))
+        for name in ("config", *SECTIONS))
+
+
 def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     """One line naming the key: ``root`` (the validated value's own key, if any) joined to the error's path."""
     where = ".".join(str(p) for p in [*([root] if root else []), *err.absolute_path]) or "config"
@@ -198,7 +211,8 @@ def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     if err.validator == "enum":
         return f"{where}={err.instance!r} is not allowed; allowed: {', '.join(map(str, err.validator_value))}"
     if err.validator == "pattern":
-        return f"{where}={err.instance!r} is not allowed; allowed: a name matching {err.validator_value}"
+        noun = "name" if err.validator_value == NAME_PATTERN_TEXT else "value"
+        return f"{where}={err.instance!r} is not allowed; allowed: a {noun} matching {err.validator_value}"
     if err.validator == "propertyNames":
         return f"{where}: a name in this mapping is not allowed ({err.message}); allowed: names matching the pattern"
     message = " ".join(err.message.split())
@@ -224,7 +238,7 @@ def validate_section(value, schema: dict, where: str) -> dict:
     for the whole config); the ConfigError names the offending key below it, e.g. ``hbm.ledger.batch: ...``.
     """
     _finite(value, where)
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value),
+    errors = sorted(jsonschema.Draft202012Validator(schema, registry=_registry()).iter_errors(value),
                     key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
     if errors:
         raise ConfigError(_schema_message(errors[0], where))

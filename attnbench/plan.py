@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench.case import Case, CaseError
-from attnbench.config import deep_merge, load_schema, resolve_device, validate_section
+from attnbench.config import NAME_PATTERN_TEXT, deep_merge, load_schema, resolve_device, validate_section
 from attnbench.errors import ConfigError
 from attnbench.kernels.registry import backend_names
 from attnbench.workloads.grid import GridError, expand_group
 
 DEVICES = ("cpu", "cuda")
 STAGES = ("microbench", "stability", "hbm", "pretrain", "context", "triton")  # data-flow order
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_PATTERN = re.compile(NAME_PATTERN_TEXT)  # sweep, group, backend, experiment, run and variant names
 
 
 @dataclass(frozen=True)
@@ -199,9 +199,11 @@ class Plan:
         """
         found = self.group(stage, group)
         numerics = {"hbm": False, "context-cost": False}.get(stage, self.view["numerics"])
+        limit = self.view["job_time_limit_s"]  # read by attnbench guard; left out when unset (job files unchanged)
         payload = {"stage": stage, "sweep": self.sweep, "device": self.device, "group": group,
                    "backends": list(backends or found.backends), "cases": [c.fields() for c in found.cases],
-                   "options": run_options(self.view, group=group, numerics=numerics), **extra}
+                   "options": run_options(self.view, group=group, numerics=numerics),
+                   **({"time_limit_s": limit} if limit else {}), **extra}
         return Job(stage, name or group, payload)
 
     def hbm_parts(self) -> list[tuple[str, list[str]]]:
@@ -416,7 +418,20 @@ def build_plan(config: dict, device: str | None = None, rule_backend_files: list
         why = f"planned for {device}"
     plan = plans[device]
     plan.why = why
+    check_data_files(plan)
     return plan
+
+
+def check_data_files(plan: Plan) -> None:
+    """The files this host's jobs will read, checked now: every planned run's training text and the context
+    experiment's. Only the device that runs: a GPU sweep's data paths are the GPU host's, not the laptop's."""
+    from attnbench.train.data import DataConfig, check_source
+
+    merged = " (with its cuda block merged)" if plan.device == "cuda" else ""
+    for data in {spec.data for runs in plan.pretrain.values() for spec in runs}:
+        check_source(data, f"pretrain.data{merged}")
+    if plan.capability is not None:
+        check_source(DataConfig.from_dict(plan.capability["data"]), f"context.capability.data{merged}")
 
 
 def load_plan(config_path: str | Path, device: str | None = None) -> Plan:

@@ -231,13 +231,14 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
     for i, case in enumerate(cases, 1):
         try:
             tensors = make_tensors(case, options.device, seed=_case_seed(case, options.seed))
-        except torch.OutOfMemoryError as err:
-            tensors, input_error = None, err
+        except Exception as err:  # inputs that cannot be drawn are this case's rows (oom or error), not the job's end
+            tensors, input_error = None, classify(err)
         for backend in job.backends:
             started = time.perf_counter()
             job.phases = {}
             if tensors is None:
-                row = {**job.base_row(case, backend), "status": "oom", "reason": classify(input_error)[1]}
+                row = {**job.base_row(case, backend), "status": input_error[0],
+                       "reason": f"drawing the case's inputs: {input_error[1]}"}
             else:
                 row = job.measure(case, backend, tensors)
             rows.append(row)

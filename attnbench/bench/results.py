@@ -15,7 +15,7 @@ import pandas as pd
 
 from attnbench.case import Case
 
-STATUSES = ("ok", "unsupported", "unavailable", "oom", "error", "numerics_fail")
+STATUSES = ("ok", "unsupported", "unavailable", "oom", "error", "timeout", "numerics_fail")
 # ok: checked and within the gate; fail: outside it or non-finite (the row's status is numerics_fail);
 # oom/error: the check itself could not run (the row keeps its timing status); off: numerics disabled;
 # not_run: the row was not timed
@@ -188,6 +188,8 @@ def write_atomic(df: pd.DataFrame, path: str | Path) -> None:
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
-    df = pd.read_parquet(path)
+    from attnbench.files import read_parquet
+
+    df = read_parquet(path)
     validate_rows(df, str(path))
     return df

@@ -14,6 +14,7 @@ import sys
 import pandas as pd
 
 from attnbench.errors import ConfigError
+from attnbench.files import read_parquet
 
 
 def _cmd_hbm(args) -> int:
@@ -58,7 +59,7 @@ def _cmd_table(args) -> int:
 
     parts = []
     for path in args.parts:
-        df = pd.read_parquet(path)
+        df = read_parquet(path)
         validate_rows(df, path)
         parts.append(df)
     df = frame(pd.concat(parts, ignore_index=True).to_dict("records"))
@@ -70,7 +71,7 @@ def _cmd_table(args) -> int:
 def _read_tables(paths: list[str] | None) -> pd.DataFrame | None:
     if not paths:
         return None
-    return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+    return pd.concat([read_parquet(p) for p in paths], ignore_index=True)
 
 
 def _cmd_ledger(args) -> int:

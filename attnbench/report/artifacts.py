@@ -25,6 +25,9 @@ marks a table that only says why it has no rows (declared outputs always exist).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,7 +150,12 @@ def to_latex(table: Table) -> str:
 
 
 def write_stage(stage: str, outputs: StageOutputs, stage_dir: str | Path) -> dict:
-    """Write every table and figure of ``stage`` under ``stage_dir`` and its ``tables/index.json``; return the index."""
+    """Write every table and figure of ``stage`` under ``stage_dir`` and its ``tables/index.json``; return the index.
+
+    The files are written into a staging folder inside ``stage_dir`` and moved into place only when all
+    are written, and the index last: a failure half-way (a full disk) leaves the previous outputs and
+    index as they were.
+    """
     stage_dir = Path(stage_dir)
     for kind, items in (("tables", outputs.tables), ("figures", outputs.figures)):
         names = [item.name for item in items]
@@ -155,14 +163,23 @@ def write_stage(stage: str, outputs: StageOutputs, stage_dir: str | Path) -> dic
         if duplicate:
             raise ValueError(f"stage {stage}: two {kind} are named {duplicate!r}; allowed: one per name")
     index = {"format": INDEX_FORMAT, "stage": stage, "tables": [], "figures": []}
-    for table in outputs.tables:
-        paths = table.write(stage_dir / "tables")
-        index["tables"].append({"name": table.name, "group": table.group or stage, "caption": table.caption,
-                                "empty": table.empty, "files": _relative(paths, stage_dir)})
-    for figure in outputs.figures:
-        paths = figure.write(stage_dir / "figures")
-        index["figures"].append({"name": figure.name, "group": figure.group or stage, "caption": figure.caption,
-                                 "files": _relative(paths, stage_dir)})
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=stage_dir))
+    try:
+        for table in outputs.tables:
+            paths = table.write(staging / "tables")
+            index["tables"].append({"name": table.name, "group": table.group or stage, "caption": table.caption,
+                                    "empty": table.empty, "files": _relative(paths, staging)})
+        for figure in outputs.figures:
+            paths = figure.write(staging / "figures")
+            index["figures"].append({"name": figure.name, "group": figure.group or stage,
+                                     "caption": figure.caption, "files": _relative(paths, staging)})
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            target = stage_dir / path.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     path = stage_dir / "tables" / "index.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(".index.json.tmp")

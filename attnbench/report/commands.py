@@ -16,7 +16,7 @@ def _cmd_aggregate(args) -> int:
     from attnbench.bench.results import write_atomic
     from attnbench.report.aggregate import load_results
 
-    df = load_results(args.inputs)
+    df = load_results(args.inputs)  # every input checked first: a bad one is one line, and nothing is written
     write_atomic(df, args.merged)
     counts = ", ".join(f"{k} {v}" for k, v in df.groupby("status").size().items())
     print(f"joined {len(args.inputs)} files, {len(df)} rows ({counts}) into {args.merged}", file=sys.stderr)

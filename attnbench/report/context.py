@@ -25,6 +25,7 @@ from attnbench.report.figures import placeholder  # noqa: E402
 TABLE_NAMES = ("perplexity_sliding", "perplexity_truncated", "passkey", "cost", "rope_overhead")
 FIGURE_NAMES = ("perplexity",)
 
+
 ROW_KEYS = ["method", "factor", "window", "finetune_steps"]  # factor = extended window / pretraining length
 LABELS = {"none": "none (extrapolation)", "linear": "PI (linear)", "ntk": "NTK-aware", "dynamic_ntk": "dynamic NTK",
           "yarn": "YaRN", "llama3": "Llama 3"}
@@ -55,9 +56,6 @@ def passkey_table(df: pd.DataFrame) -> pd.DataFrame:
     """Passkey retrieval accuracy (share of documents) by evaluation length."""
     return _pivot(df[df["eval"] == "passkey"], "accuracy")
 
-
-def to_markdown(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
-    return table.to_markdown(index=False, floatfmt=floatfmt)
 
 
 def cost_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -35,8 +35,9 @@ def markdown(text) -> str:
 
 
 def markdown_cell(text) -> str:
-    """A Markdown table cell, on one line (a newline would end the row): no raw HTML, ``|`` escaped."""
-    return _html.escape(_one_line(text), quote=False).replace("|", "\\|")
+    """A Markdown table cell, on one line (a newline would end the row): no raw HTML, the markup characters
+    (``|`` that would split the cell, ``[`` of a link, emphasis) backslash-escaped."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", _html.escape(_one_line(text), quote=False))
 
 
 def code(text) -> str:

@@ -147,7 +147,9 @@ def render(sources: list[str | Path], results_dir: str | Path, out: str | Path, 
     """
     import nbformat
     from nbconvert import HTMLExporter
-    from nbconvert.preprocessors import ExecutePreprocessor
+    from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
+
+    from attnbench.files import InputError
 
     nb = join_notebooks(sources, results_dir, planned)
     settings = {RESULTS_ENV: str(Path(results_dir).resolve()),
@@ -157,6 +159,10 @@ def render(sources: list[str | Path], results_dir: str | Path, out: str | Path, 
     try:
         ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(
             nb, {"metadata": {"path": os.getcwd()}})
+    except CellExecutionError as err:  # one line (the cell's error, e.g. a corrupt table it read), not the traceback
+        evalue = " ".join(str(err.evalue).split())[:300]
+        raise InputError(f"{', '.join(map(str, sources))}: a report cell failed on {results_dir} "
+                         f"({err.ename}: {evalue})") from None
     finally:
         for name, value in previous.items():
             if value is None:

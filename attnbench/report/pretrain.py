@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from attnbench.files import read_parquet  # noqa: E402
 from attnbench.report.artifacts import Figure, StageOutputs, Table, fmt  # noqa: E402
 from attnbench.report.figures import placeholder  # noqa: E402
 from attnbench.train import experiments as ex  # noqa: E402
@@ -203,11 +204,11 @@ def layouts_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
 def experiment_outputs(name: str, exp_dir: str | Path) -> tuple[list[Table], Figure]:
     """The tables and the figure of experiment ``name`` from ``exp_dir``'s parquet files."""
     exp_dir = Path(exp_dir)
-    runs = pd.read_parquet(exp_dir / "runs.parquet")
-    steps = pd.read_parquet(exp_dir / "steps.parquet")
+    runs = read_parquet(exp_dir / "runs.parquet")
+    steps = read_parquet(exp_dir / "steps.parquet")
     if name == "divergence":
-        tables, fig = divergence_outputs(runs, steps, pd.read_parquet(exp_dir / "divergence.parquet"),
-                                         pd.read_parquet(exp_dir / "numerics.parquet"))
+        tables, fig = divergence_outputs(runs, steps, read_parquet(exp_dir / "divergence.parquet"),
+                                         read_parquet(exp_dir / "numerics.parquet"))
     else:
         tables, fig = {"lr_sensitivity": lr_outputs, "fp8": fp8_outputs, "layouts": layouts_outputs}[name](runs, steps)
     for table in tables:

@@ -100,9 +100,11 @@ def publish(results_dir: str | Path, out: str | Path, *, project: str, stages: l
         os.environ.setdefault(var, str((wandb_dir / sub).resolve()))
     import wandb
 
+    from attnbench.files import read_json, read_parquet
+
     config = yaml.safe_load((env_dir / "config.yaml").read_text())
-    provenance = json.loads((env_dir / "versions.json").read_text())
-    ceilings = json.loads((env_dir / "ceilings.json").read_text())
+    provenance = read_json(env_dir / "versions.json", "versions file (attnbench env)")
+    ceilings = read_json(env_dir / "ceilings.json", "ceilings file (attnbench ceilings)")
     indexes = stage_indexes(results_dir, stages)
     mode = wandb_mode()
     run = wandb.init(project=project, entity=entity, mode=mode, dir=os.environ["WANDB_DIR"],

@@ -113,8 +113,10 @@ def add_commands(sub) -> None:
 
 
 def _common(p) -> None:
+    from attnbench.cli import THREADS
+
     p.add_argument("--ceilings", help="ceilings JSON (attnbench ceilings) for MFU; default: measure the matmul rate")
-    p.add_argument("--threads", type=int, help="torch CPU threads; default: pretrain.threads")
+    p.add_argument("--threads", type=THREADS, help="torch CPU threads; default: pretrain.threads")
     p.add_argument("--no-progress", action="store_true")
 
 

@@ -44,9 +44,12 @@ from attnbench.errors import reject_unknown_keys
 from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.train import stability
 from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend
+from attnbench.train.checkpoint import resume_checkpoint
 from attnbench.train.data import DataConfig, TokenData, load_tokens
 from attnbench.train.precision import (PRECISIONS, Fp8StatsRecorder, PrecisionUnavailable, apply_precision,
                                        get_precision)
+
+CHECKPOINT_KEYS = ("step", "config_hash", "backend", "model", "opt", "scaler", "rows", "counters")  # Run.state
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class TrainConfig:
                 raise ConfigError(f"train.{key}={getattr(self, key)!r} is not allowed; allowed: a positive integer")
         if not self.lr > 0:
             raise ConfigError(f"train.lr={self.lr!r} is not allowed; allowed: a positive number")
+        if self.warmup_steps > self.steps:  # the LR would never reach train.lr: the run's label would be wrong
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps} is longer than train.steps={self.steps}; "
+                              "allowed: at most train.steps warm-up steps")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
@@ -339,7 +345,7 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
             "lr": spec.train.lr, "layout": spec.model.layout, "qk_norm": spec.model.qk_norm,
             "z_loss": spec.train.z_loss, "compile": spec.train.compile, "steps": spec.train.steps}
     ckpt_path = out / "ckpt.pt"
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False) if ckpt_path.is_file() else None
+    ckpt = resume_checkpoint(ckpt_path, CHECKPOINT_KEYS, map_location=device)  # weights_only; a bad one: start over
     if ckpt is not None and ckpt.get("config_hash") != spec.config_hash:
         ckpt = None  # a checkpoint of another config: start over
     try:

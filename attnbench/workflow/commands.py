@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,9 +21,10 @@ def _cmd_env(args) -> int:
     import yaml
 
     from attnbench.bench.provenance import environment
+    from attnbench.files import read_json
     from attnbench.kernels.registry import all_backends, safe_available, safe_version
 
-    config = json.loads(Path(args.config_in).read_text())  # the planner's snapshot: validated at parse time
+    config = read_json(args.config_in, "config snapshot (results/<sweep>/plan/config.json)")  # validated when planned
     device = config["device"]
     Path(args.config_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.config_out).write_text("# The effective config of this sweep (validated, defaults filled, device "
@@ -65,11 +65,15 @@ def _cmd_guard(args) -> int:
 
 
 def _cmd_lease(args) -> int:
+    from attnbench.workflow import process
     from attnbench.workflow.lease import gpu_lease
 
     with gpu_lease() as device:
         print(f"attnbench lease: GPU {device}", file=sys.stderr)
-        return subprocess.call(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device})
+        try:  # in its own process group, stopped as a whole when the lease is stopped
+            return process.run(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device}).code
+        except process.Stopped as stop:
+            return 128 + stop.signum
 
 
 def _cmd_rule_cases(args) -> int:

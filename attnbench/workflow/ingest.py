@@ -51,6 +51,9 @@ def read_timings(path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(path, sep="\t", comment="#", dtype={"case_id": str, "reason": str})
     except (FileNotFoundError, pd.errors.EmptyDataError):
         return pd.DataFrame(columns=TIMING_COLUMNS[1:], index=pd.Index([], name="case_id"))
+    except (UnicodeDecodeError, pd.errors.ParserError, ValueError) as err:
+        raise ResultsError(f"{path}: not a timings file ({type(err).__name__}: {' '.join(str(err).split())[:160]}); "
+                           f"allowed: tab-separated lines with columns {', '.join(TIMING_COLUMNS)}") from None
     missing = [c for c in TIMING_COLUMNS if c not in df]
     if missing:
         raise ResultsError(f"{path}: missing column {missing[0]!r}; required: {', '.join(TIMING_COLUMNS)}")

@@ -311,7 +311,8 @@ def _tiny_config(tmp_path) -> dict:
                                                                            "head_dim": 16, "seq": 32, "dtype": "fp32"}}}},
         "pretrain": {"data": {"source": "synthetic", "synthetic": {"tokens": 20000}},
                      "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16},
-                     "train": {"steps": 8, "batch_size": 4, "seq_len": 16, "eval_every": 4, "eval_batches": 1},
+                     "train": {"steps": 8, "warmup_steps": 2, "batch_size": 4, "seq_len": 16, "eval_every": 4,
+                               "eval_batches": 1},
                      "experiments": {"divergence": {"backends": ["sdpa-math", "eager"], "snapshots": 2,
                                                     "swap_precision": "bf16"},
                                      "lr_sensitivity": {"lrs": [0.01, 0.1]},
@@ -380,7 +381,7 @@ def test_cli_train_and_experiment_list(tmp_path, capsys):
     listed = capsys.readouterr().out.split()
     assert [n for n in listed if n.startswith("lr_sensitivity/")] == [
         "lr_sensitivity/baseline/lr0.01", "lr_sensitivity/baseline/lr0.1",
-        "lr_sensitivity/qk_norm+z_loss/lr0.01", "lr_sensitivity/qk_norm+z_loss/lr0.1"]
+        "lr_sensitivity/qk_norm-z_loss/lr0.01", "lr_sensitivity/qk_norm-z_loss/lr0.1"]
     assert main(["train", "--config", str(path), "--run", "layouts/mqa", "--out", str(tmp_path / "run"),
                  "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

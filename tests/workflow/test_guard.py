@@ -48,7 +48,7 @@ def test_guard_keeps_the_rows_of_a_stopped_job_and_fills_in_the_rest(plan, tmp_p
     assert guard.guard(partial, job=job, backends=["eager"], out=str(out)) == 0
     df = pd.read_parquet(out)
     assert df["status"].tolist() == ["ok", "error", "error", "error"] and df["case_id"].is_unique
-    assert df["reason"].iloc[1].startswith("job exited with code 3 before this case finished")
+    assert df["reason"].iloc[1] == "job exited with code 3 before this case finished (retried on the next run)"
 
 
 def test_guard_keeps_a_finished_job_and_honours_the_deadline(plan, tmp_path, monkeypatch):

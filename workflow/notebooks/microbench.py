@@ -105,7 +105,7 @@ def winners_text(frame: pd.DataFrame) -> list[str]:
             share = best["gbps"] * 1e9 / best["peak_bytes_per_s"]
             out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): {escape.code(best['backend'])} at "
                        f"{tables.fmt(best['gbps'])} GB/s, {pct(share)} of the measured copy bandwidth; "
-                       f"{best['bound']}-bound (intensity {best['intensity']:.3g} FLOP/B)."
+                       f"{escape.markdown(best['bound'])}-bound (intensity {best['intensity']:.3g} FLOP/B)."
                        + not_measured(frame, ["decode"]))
     return out
 
@@ -130,7 +130,7 @@ def why_text(frame: pd.DataFrame) -> list[str]:
         bounds = rows["bound"].value_counts()
         side = "above" if rows["intensity"].median() > ridge else "below"
         out.append(f"- {label}: intensity {lo:.3g}-{hi:.3g} FLOP/B, median {side} the ridge ({ridge:.3g}); "
-                   f"rows labelled " + ", ".join(f"{b} {n}" for b, n in bounds.items()) + ".")
+                   f"rows labelled " + ", ".join(f"{escape.markdown(b)} {n}" for b, n in bounds.items()) + ".")
     out.append("- A **compute-bound** case is won by the kernel that keeps the matrix units busiest (its share of "
                "the matmul peak); a **memory-bound** one by the kernel that moves the fewest bytes at the highest "
                "bandwidth (fused kernels never write the scores; GQA/MQA/MLA shrink the KV cache); a "

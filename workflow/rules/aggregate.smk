@@ -17,7 +17,7 @@ rule aggregate:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench aggregate --merged {output:q} {input:q} > {log:q} 2>&1"
+        "exec attnbench aggregate --merged {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule microbench_tables:
@@ -34,4 +34,4 @@ rule microbench_tables:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench tables microbench --results {params.results:q} > {log:q} 2>&1"
+        "exec attnbench tables microbench --results {params.results:q} > {log:q} 2>&1"

@@ -10,15 +10,17 @@ from snakemake.logging import logger
 from snakemake.utils import min_version
 
 from attnbench import config as attnbench_config
+from attnbench.envvars import check_environment
 from attnbench.errors import ConfigError
 from attnbench.plan import NAME_PATTERN, build_plan
 from attnbench.report.stages import STAGE_REPORTS, declared_outputs, index_labels, stability_part
-from attnbench.workflow import paths
+from attnbench.workflow import paths, resume
 
 min_version("8.20")
 
 RULE_BACKEND_DIR = Path(workflow.basedir, "workflow", "rules", "backends")
 try:
+    check_environment()  # ATTNBENCH_DEADLINE, WANDB_MODE, ...: one line now, not a traceback in a job
     # --configfile files (each with its extends: chain), else the repository's default sweep; --config on top
     CONFIG_FILES = list(workflow.config_settings.configfiles) or [Path(workflow.basedir, "config", "config.yaml")]
     OVERRIDES = attnbench_config.command_line_overrides(dict(workflow.config_settings.config))
@@ -32,6 +34,10 @@ P = SimpleNamespace(**{name: getattr(paths, name).replace("{sweep}", PLAN.sweep)
                        for name in dir(paths) if name.isupper()})
 PLAN.write_jobs(P.PLAN_DIR)
 logger.info(PLAN.summary(P.BENCHMARKS))  # planned jobs per stage, and the expected time from earlier runs
+# A job that crashed or was stopped at the deadline left its output with error rows and a marker: put its
+# finished rows back in its side file and remove the output, so this run measures only the rest
+# (attnbench.workflow.resume). Not while another Snakemake works in this folder.
+resume.reopen(P.RESULTS, log=logger.info)
 NAME = NAME_PATTERN.pattern.strip("^$")  # the one pattern every sweep, group and backend name matches
 
 

@@ -25,7 +25,7 @@ rule context_pretrain:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context pretrain --job {input.job:q} --threads {threads} --out {output:q} "
+        "exec {params.lease} attnbench context pretrain --job {input.job:q} --threads {threads} --out {output:q} "
         "> {log:q} 2>&1"
 
 
@@ -49,7 +49,7 @@ rule context_evaluate:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context evaluate --job {input.job:q} --checkpoint {input.checkpoint:q} "
+        "exec {params.lease} attnbench context evaluate --job {input.job:q} --checkpoint {input.checkpoint:q} "
         "--threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
@@ -73,7 +73,7 @@ rule context_cost:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
+        "exec {params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
         "attnbench microbench --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -92,7 +92,7 @@ rule context_rope_overhead:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context rope-overhead --job {input.job:q} --threads {threads} --out {output:q} "
+        "exec {params.lease} attnbench context rope-overhead --job {input.job:q} --threads {threads} --out {output:q} "
         "> {log:q} 2>&1"
 
 
@@ -108,7 +108,7 @@ rule context_merge:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench context merge --capability {input.capability:q} --cost {input.cost:q} "
+        "exec attnbench context merge --capability {input.capability:q} --cost {input.cost:q} "
         "--out-capability {output.capability:q} --out-cost {output.cost:q} > {log:q} 2>&1"
 
 
@@ -126,4 +126,4 @@ rule context_tables:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench tables context --results {params.results:q} > {log:q} 2>&1"
+        "exec attnbench tables context --results {params.results:q} > {log:q} 2>&1"

@@ -13,7 +13,7 @@ rule env:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench env --config-in {input:q} --config-out {output.config:q} --versions-out {output.versions:q} "
+        "exec attnbench env --config-in {input:q} --config-out {output.config:q} --versions-out {output.versions:q} "
         "> {log:q} 2>&1"
 
 
@@ -33,7 +33,7 @@ rule ceilings:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench ceilings --device {params.device:q} --out {output:q} > {log:q} 2>&1"
+        "exec {params.lease} attnbench ceilings --device {params.device:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule env_tables:
@@ -49,4 +49,4 @@ rule env_tables:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench tables env --results {params.results:q} > {log:q} 2>&1"
+        "exec attnbench tables env --results {params.results:q} > {log:q} 2>&1"

@@ -27,7 +27,8 @@ rule hbm:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
+        "exec {params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} "
+        "> {log:q} 2>&1"
 
 
 rule hbm_table:
@@ -40,7 +41,7 @@ rule hbm_table:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench hbm-table --out {output:q} {input:q} > {log:q} 2>&1"
+        "exec attnbench hbm-table --out {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule hbm_ledger:
@@ -54,7 +55,7 @@ rule hbm_ledger:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench ledger --job {input.job:q} --hbm {input.hbm:q} --out {output:q} > {log:q} 2>&1"
+        "exec attnbench ledger --job {input.job:q} --hbm {input.hbm:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule hbm_tables:
@@ -70,4 +71,4 @@ rule hbm_tables:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench tables hbm --results {params.results:q} > {log:q} 2>&1"
+        "exec attnbench tables hbm --results {params.results:q} > {log:q} 2>&1"

@@ -28,7 +28,7 @@ rule microbench:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
+        "exec {params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
         "attnbench microbench --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 

@@ -28,7 +28,7 @@ rule pretrain_experiment:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench experiment run --job {input.job:q} --out {params.folder:q} "
+        "exec {params.lease} attnbench experiment run --job {input.job:q} --out {params.folder:q} "
         "--ceilings {input.ceilings:q} --no-progress > {log:q} 2>&1"
 
 
@@ -46,4 +46,4 @@ rule pretrain_tables:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench tables pretrain --results {params.results:q} {params.parts:q} > {log:q} 2>&1"
+        "exec attnbench tables pretrain --results {params.results:q} {params.parts:q} > {log:q} 2>&1"

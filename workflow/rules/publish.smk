@@ -25,5 +25,5 @@ rule publish:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench publish --results {params.results:q} {params.stages:q} --project {params.project:q} "
+        "exec attnbench publish --results {params.results:q} {params.stages:q} --project {params.project:q} "
         "{params.entity:q} {params.tags:q} --out {output:q} > {log:q} 2>&1"

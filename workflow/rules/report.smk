@@ -25,5 +25,5 @@ rule report:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench render --results {params.results:q} --out {output:q} --notebooks {params.notebooks:q} "
+        "exec attnbench render --results {params.results:q} --out {output:q} --notebooks {params.notebooks:q} "
         "{params.stages:q} > {log:q} 2>&1"

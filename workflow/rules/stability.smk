@@ -25,7 +25,7 @@ rule stability:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
+        "exec {params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
         "attnbench microbench --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -42,4 +42,4 @@ rule stability_tables:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench tables stability --results {params.results:q} {params.parts:q} > {log:q} 2>&1"
+        "exec attnbench tables stability --results {params.results:q} {params.parts:q} > {log:q} 2>&1"

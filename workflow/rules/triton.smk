@@ -22,7 +22,7 @@ rule triton_precompile:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench triton precompile --job {input.job:q} --out {output:q} > {log:q} 2>&1"
+        "exec {params.lease} attnbench triton precompile --job {input.job:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule triton_report:
@@ -42,7 +42,7 @@ rule triton_report:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench triton report --job {input.job:q} --out {output:q} > {log:q} 2>&1"
+        "exec {params.lease} attnbench triton report --job {input.job:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule triton_tables:
@@ -57,4 +57,4 @@ rule triton_tables:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench tables triton --results {params.results:q} > {log:q} 2>&1"
+        "exec attnbench tables triton --results {params.results:q} > {log:q} 2>&1"
