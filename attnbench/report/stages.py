@@ -14,13 +14,13 @@ one line saying so. Adding a stage: ``workflow/rules/ADD_STAGE.md``.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 
+from attnbench.files import read_json, read_parquet
 from attnbench.report.artifacts import StageOutputs, write_stage
 from attnbench.workflow import paths
 
@@ -36,14 +36,14 @@ class StageReport:
 def _env(results: Path, parts: tuple[str, ...]) -> StageOutputs:
     from attnbench.report import env
 
-    return env.build(json.loads(paths.within(results, paths.CEILINGS).read_text()),
-                     json.loads(paths.within(results, paths.VERSIONS).read_text()))
+    return env.build(read_json(paths.within(results, paths.CEILINGS), "ceilings file (attnbench ceilings)"),
+                     read_json(paths.within(results, paths.VERSIONS), "versions file (attnbench env)"))
 
 
 def _microbench(results: Path, parts: tuple[str, ...]) -> StageOutputs:
     from attnbench.report import backends, figures, tables, triton, workloads
 
-    df = pd.read_parquet(paths.within(results, paths.MERGED))
+    df = read_parquet(paths.within(results, paths.MERGED))
     return StageOutputs(tables.build_tables(df) + backends.build_tables(df) + workloads.build_tables(df)
                         + [triton.versus_best_table(df)],
                         figures.build_figures(df) + workloads.build_figures(df))
@@ -68,7 +68,7 @@ def _stability(results: Path, parts: tuple[str, ...]) -> StageOutputs:
     frames = []
     for part in parts:
         wildcards = stability_part(part)
-        frame = pd.read_parquet(paths.within(results, paths.STABILITY, **wildcards))
+        frame = read_parquet(paths.within(results, paths.STABILITY, **wildcards))
         frames.append(frame.assign(process=int(wildcards["index"])))
     return stability.build(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
 
@@ -76,14 +76,14 @@ def _stability(results: Path, parts: tuple[str, ...]) -> StageOutputs:
 def _hbm(results: Path, parts: tuple[str, ...]) -> StageOutputs:
     from attnbench.report import hbm
 
-    return hbm.build(pd.read_parquet(paths.within(results, paths.HBM_TABLE)),
-                     pd.read_parquet(paths.within(results, paths.HBM_LEDGER)))
+    return hbm.build(read_parquet(paths.within(results, paths.HBM_TABLE)),
+                     read_parquet(paths.within(results, paths.HBM_LEDGER)))
 
 
 def _triton(results: Path, parts: tuple[str, ...]) -> StageOutputs:
     from attnbench.report import triton
 
-    return StageOutputs([triton.compiler_table(pd.read_parquet(paths.within(results, paths.TRITON_COMPILER)))])
+    return StageOutputs([triton.compiler_table(read_parquet(paths.within(results, paths.TRITON_COMPILER)))])
 
 
 def _pretrain(results: Path, parts: tuple[str, ...]) -> StageOutputs:
@@ -100,7 +100,7 @@ def _pretrain_names(parts: tuple[str, ...]):
 
 def _read_optional(path: Path) -> pd.DataFrame:
     """A merged file of a part the sweep may not plan (context capability without a GPU recipe, ...)."""
-    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    return read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
 def _context(results: Path, parts: tuple[str, ...]) -> StageOutputs:
