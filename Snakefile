@@ -1,8 +1,9 @@
 """attnbench: the sweep from config to executed report (docs/pipeline.md).
 
 common (load, validate and plan once; write each job's plan file) -> env (effective config, versions,
-ceilings) -> microbench (one job per group, plus backends added as rules) -> aggregate (tables,
-figures) -> stability -> hbm -> pretrain -> context -> triton -> report (one executed report, a
+ceilings) -> microbench (one job per group, plus backends added as rules) -> aggregate (pairs, tables,
+figures) -> stability (each pass its own process; whether the passes agree) -> compare (opt-in: `snakemake
+compare --config baseline=<path>`) -> hbm -> pretrain -> context -> triton -> report (one executed report, a
 section per stage); `snakemake publish` logs the sweep to Weights & Biases. The stage files are
 included explicitly, in data-flow order; a stage the sweep does not run plans no jobs.
 """
@@ -12,6 +13,8 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/env.smk"
 include: "workflow/rules/microbench.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/stability.smk"
+include: "workflow/rules/compare.smk"
 include: "workflow/rules/hbm.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/context.smk"

@@ -14,9 +14,18 @@ import pandas as pd
 from attnbench.bench.results import COLUMNS, ResultsError, to_frame, validate_rows
 from attnbench.bench.schema import validate_frame
 
-# CSV carries no types: string columns are read as strings ("1.0" stays a driver version, not a number).
+# CSV carries no types: string columns are read as strings ("1.0" stays a driver version, not a number), and
+# array columns (round_ms) as the "[1.0, 2.0]" text a list is written as.
 _STRINGS = {name: "string" for name, (kind, _) in COLUMNS.items() if kind == "string"}
-READERS = {".parquet": pd.read_parquet, ".csv": lambda path: pd.read_csv(path, dtype=_STRINGS)}
+
+
+def _numbers(text: str):
+    text = text.strip().strip("[]")
+    return [float(x) for x in text.replace(",", " ").split()] if text else None
+
+
+_ARRAYS = {name: _numbers for name, (kind, _) in COLUMNS.items() if kind == "array"}
+READERS = {".parquet": pd.read_parquet, ".csv": lambda path: pd.read_csv(path, dtype=_STRINGS, converters=_ARRAYS)}
 
 
 def read_any(path: str | Path) -> pd.DataFrame:

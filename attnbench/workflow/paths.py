@@ -24,8 +24,10 @@ BENCHMARKS = RESULTS + "/benchmarks"
 MICROBENCH = RESULTS + "/microbench/{group}.parquet"  # one job per group, its Python backends interleaved
 MICROBENCH_RULE = RESULTS + "/microbench/{backend}/{group}.parquet"  # a backend added as a Snakemake rule
 MERGED = RESULTS + "/microbench.parquet"  # every microbench row of the sweep, validated and joined
+PAIRS = RESULTS + "/microbench/pairs.parquet"  # paired ratios of every two backends of a job (bench.stats.pairs)
+COMPARE = RESULTS + "/compare/compare.md"  # `snakemake compare`: this sweep against config `baseline`
 
-STABILITY = RESULTS + "/stability/{group}/{index}.parquet"
+STABILITY = RESULTS + "/stability/{group}/{index}.parquet"  # one pass: its own `attnbench microbench` process
 HBM_PART = RESULTS + "/hbm/parts/{group}/{backend}.parquet"
 HBM_TABLE = RESULTS + "/hbm/hbm.parquet"
 HBM_LEDGER = RESULTS + "/hbm/ledger.parquet"

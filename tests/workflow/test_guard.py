@@ -1,6 +1,7 @@
-"""The job guard, the GPU lease and the rule-backend contract (no Snakemake run)."""
+"""The job guard, the timing lease (GPU and CPU) and the rule-backend contract (no Snakemake run)."""
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -86,6 +87,62 @@ def test_lease_command_sets_cuda_visible_devices(tmp_path, monkeypatch):
     code = main(["lease", "--", sys.executable, "-c",
                  f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])"])
     assert code == 0 and out.read_text() == "7" and os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+def _leased_env(tmp_path, *args):
+    """Run `attnbench lease ARGS -- python` that writes the ATTNBENCH_LEASE it got; return (exit code, value)."""
+    from attnbench.cli import main
+
+    out = tmp_path / "lease.txt"
+    code = main(["lease", *args, "--", sys.executable, "-c",
+                 f"import os; open({str(out)!r}, 'w').write(os.environ.get('ATTNBENCH_LEASE', '-'))"])
+    return code, out.read_text()
+
+
+def test_cpu_timing_jobs_wait_for_each_other_and_say_so_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path))
+    said, acquired = [], threading.Event()
+
+    def second_job():
+        with lease.cpu_lock(poll_s=0.02, notify=said.append):
+            acquired.set()
+
+    with lease.cpu_lock(notify=said.append):  # a timing job of another sweep holds the machine
+        waiter = threading.Thread(target=second_job)
+        waiter.start()
+        assert not acquired.wait(0.3)
+        assert len(said) == 1 and said[0].startswith("attnbench lease: waiting for the CPU timing lock")
+        assert f"pid {os.getpid()}" in said[0] and "\n" not in said[0]  # who holds it
+    assert acquired.wait(5)
+    waiter.join()
+
+
+def test_the_leased_command_knows_it_holds_the_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    assert _leased_env(tmp_path, "--device", "cpu") == (0, "cpu")
+    with lease.cpu_lock():  # the lock is taken: an untimed job does not wait, a nested lease neither
+        assert _leased_env(tmp_path, "--device", "cpu", "--untimed") == (0, "-")
+        monkeypatch.setenv("ATTNBENCH_LEASE", "cpu")
+        assert _leased_env(tmp_path, "--device", "cpu") == (0, "cpu")
+
+
+def test_a_gpu_lease_waits_naming_the_holders(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    said, got = [], []
+
+    def second_job():
+        with lease.gpu_lease(poll_s=0.02, notify=said.append) as device:
+            got.append(device)
+
+    with lease.gpu_lease(notify=said.append):
+        waiter = threading.Thread(target=second_job)
+        waiter.start()
+        waiter.join(0.3)
+        assert not got and said == [f"attnbench lease: waiting for a free GPU among 0 (GPU 0: pid {os.getpid()}: "
+                                    f"{' '.join(sys.argv)[:300]})"]
+    waiter.join(5)
+    assert got == ["0"]
 
 
 def test_rule_backend_contract(plan, tmp_path):

@@ -29,12 +29,18 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
+import yaml
+
+from attnbench.bench import stats
 from attnbench.report import figures, tables
 
 RESULTS = Path(os.environ.get("ATTNBENCH_RESULTS", "results/default"))
 df = pd.read_parquet(RESULTS / "microbench.parquet")
 TABLES = RESULTS / "microbench" / "tables"
 index = json.loads((TABLES / "index.json").read_text())
+pairs = pd.read_parquet(RESULTS / "microbench" / "pairs.parquet")
+config = yaml.safe_load((RESULTS / "env" / "config.yaml").read_text())
+MIN_MARGIN = config["report"]["min_margin"]
 ok = df[df["status"] == "ok"]
 
 
@@ -54,6 +60,19 @@ def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def drift_note(row) -> str:
+    """The mark every number from a drift-flagged job carries where it is quoted."""
+    if stats.flag(row.get("drift_flag")):
+        return f" (drift-flagged job: its reference case moved {100 * row['job_drift']:+.1f}% during the job)"
+    return ""
+
+
+def timed(row, column: str, unit: str) -> str:
+    """A rate with its 95% interval, e.g. `653 [648, 660] TFLOP/s`."""
+    low, high = tables.rate_interval(pd.DataFrame([row]), column)
+    return f"{tables.interval_text(row[column], low.iloc[0], high.iloc[0])} {unit}"
+
+
 # %% [markdown]
 # ## At a glance
 
@@ -61,12 +80,29 @@ def pct(x: float) -> str:
 sweep = df["sweep"].mode().iloc[0]
 counts = df.groupby("status").size()
 not_run = df[df["status"].isin(["unavailable", "unsupported"])].drop_duplicates("backend")
+rounds = ok["n_rounds"].dropna()
 lines = [
     f"**Sweep** `{sweep}` on **{tables.device_text(df)}**: {len(df)} rows "
     f"({', '.join(f'{n} {s}' for s, n in counts.items())}) over {df['case_id'].nunique()} cases and "
     f"{df['backend'].nunique()} backends ({', '.join(dict.fromkeys(df['backend']))}).",
     f"**Roofline**: {tables.ceilings_text(df)}.",
+    f"**Noise**: each (case, backend) was timed in {int(rounds.median()) if len(rounds) else 'no'} rounds, the "
+    "backends of a case in rotating order within a round; numbers carry the 95% interval of their median "
+    "(two-level bootstrap over rounds and samples, docs/statistics.md), and a backend is called faster only where "
+    f"the paired interval of the two backends' time ratio excludes 1 and the ratio exceeds 1 + {MIN_MARGIN:.0%} "
+    "(`report.min_margin`); otherwise the two are a *tie within noise*.",
 ]
+drifted = df[df["drift_flag"].fillna(False).astype(bool)]
+if len(drifted):
+    lines.append(f"**Drift**: {drifted['group'].nunique()} of {df['group'].nunique()} jobs drifted by more than 3% "
+                 f"between their first and last timing ({', '.join(sorted(drifted['group'].dropna().unique()))}); "
+                 f"their numbers are marked {tables.DRIFT_MARK} in the tables and named wherever quoted.")
+shared = ok[ok["device_shared"].fillna(False).astype(bool)]
+if len(shared):
+    lines.append(f"**Shared device**: {len(shared)} of {len(ok)} measured rows were timed while another process "
+                 "used the device (`device_shared`: another process on the GPU, or more than 10% of the CPUs' time "
+                 "taken by others); without the timing lock (`timing_lock`) "
+                 f"{int((~ok['timing_lock'].fillna(False).astype(bool)).sum())} rows.")
 ridge = (ok["peak_flops"] / ok["peak_bytes_per_s"]).median() if len(ok) else float("nan")
 if ridge == ridge:
     lines.append(f"The ridge point is about **{ridge:.3g} FLOP/byte**: a kernel whose intensity "
@@ -99,31 +135,42 @@ def not_measured(frame: pd.DataFrame, modes) -> str:
     return " Not measured: " + ", ".join(f"`{r.backend}` ({r.status}: {str(r.reason)[:80]})" for r in first.itertuples()) + "."
 
 
+def claim_text(c: tables.Claim, column: str, unit: str) -> str:
+    """`best` at its rate with interval, and the margin over the next backend, or the tie."""
+    best = c.best
+    text = f"`{best['backend']}` at {timed(best, column, unit)}"
+    if c.runner_up is None:
+        return text + drift_note(best)
+    margin = (f"{tables.interval_text(c.ratio.ratio, c.ratio.low, c.ratio.high)}x the next "
+              f"(`{c.runner_up['backend']}`, {c.ratio.method})")
+    if c.decided:
+        return f"{text}, {margin}" + drift_note(best)
+    return (f"**{tables.TIE}**: `{best['backend']}` ({timed(best, column, unit)}) cannot be told from "
+            + ", ".join(f"`{b}`" for b in c.tied) + f" (time ratio {margin})" + drift_note(best))
+
+
 def winners_text(frame: pd.DataFrame) -> list[str]:
-    """One sentence per regime: the fastest backend at the longest context, its roofline side and share."""
+    """One sentence per regime: who is fastest at the longest context (or the tie), its roofline side and share."""
     out = []
     prefill, shape = tables.reference_slice(frame[frame["status"] == "ok"], tables.PREFILL, by_layout=False)
     if len(prefill):
         for (mode, dtype, causal), g in prefill.groupby(["mode", "dtype", "causal"], observed=True):
             longest = g["seq_kv"].max()  # the longest context measured in this regime
-            g = g[g["seq_kv"] == longest]
-            best = g.sort_values("tflops", ascending=False).iloc[0]
-            rest = g[g["backend"] != best["backend"]]
-            margin = (f", {best['tflops'] / rest['tflops'].max():.2f}x the next ({rest.sort_values('tflops').iloc[-1]['backend']})"
-                      if len(rest) else "")
+            c = tables.claim(g[g["seq_kv"] == longest], pairs, MIN_MARGIN)
+            best = c.best
             out.append(f"- **{mode}{' causal' if causal else ''} {dtype}, S={longest}** ({shape}): "
-                       f"`{best['backend']}` at {best['tflops']:.3g} TFLOP/s{margin}; {best['bound']}-bound, "
+                       f"{claim_text(c, 'tflops', 'TFLOP/s')}; the fastest is {best['bound']}-bound, "
                        f"{pct(best['frac_of_peak'])} of the roofline at its intensity "
                        f"({best['intensity']:.3g} FLOP/B)." + not_measured(frame, [mode]))
     decode, shape = tables.reference_slice(frame[frame["status"] == "ok"], ("decode",), by_layout=True)
     if len(decode):
         for (layout, dtype), g in decode.groupby(["layout", "dtype"], observed=True):
             longest = g["seq_kv"].max()
-            g = g[g["seq_kv"] == longest]
-            best = g.sort_values("gbps", ascending=False).iloc[0]
+            c = tables.claim(g[g["seq_kv"] == longest], pairs, MIN_MARGIN)
+            best = c.best
             share = best["gbps"] * 1e9 / best["peak_bytes_per_s"]
-            out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): `{best['backend']}` at "
-                       f"{tables.fmt(best['gbps'])} GB/s, {pct(share)} of the measured copy bandwidth; "
+            out.append(f"- **decode {layout} {dtype}, KV={longest}** ({shape}): {claim_text(c, 'gbps', 'GB/s')}; "
+                       f"the fastest reaches {pct(share)} of the measured copy bandwidth, "
                        f"{best['bound']}-bound (intensity {best['intensity']:.3g} FLOP/B)."
                        + not_measured(frame, ["decode"]))
     return out
@@ -194,9 +241,34 @@ table("err_ratio")
 # %%
 wins = pd.read_csv(TABLES / "winners.csv")
 if "winner" in wins:
-    summary = wins.groupby(["mode", "bound", "winner"]).size().rename("cases won").reset_index()
-    display(Markdown("Cases won per backend and roofline side:\n\n" + summary.to_markdown(index=False)))
+    summary = wins.groupby(["mode", "bound", "winner"]).size().rename("cases").reset_index()
+    display(Markdown(f"Cases won per backend and roofline side ({tables.TIE}: the fastest could not be told from "
+                     "the next):\n\n" + summary.to_markdown(index=False)))
 table("winners")
+
+# %% [markdown]
+# ## Paired comparisons within a job
+
+# %%
+if len(pairs):
+    decided = (pairs["faster"].fillna("") != "").mean()
+    widths = (pairs["ratio_ci_high"] / pairs["ratio_ci_low"] - 1) * 100
+    display(Markdown(f"{len(pairs)} pairs of backends timed side by side in one job; {pct(decided)} decided "
+                     f"(interval excludes 1 and the ratio exceeds 1 + {MIN_MARGIN:.0%}), the rest ties within "
+                     f"noise. Interval width (high / low - 1): median {widths.median():.2g}%, "
+                     f"widest {widths.max():.2g}%."))
+table("pairs")
+
+# %% [markdown]
+# ## Stability across processes
+
+# %%
+STABILITY = RESULTS / "stability" / "tables"
+if (STABILITY / "index.json").is_file():
+    for name, entry in json.loads((STABILITY / "index.json").read_text()).items():
+        display(Markdown((STABILITY / f"{name}.md").read_text()))
+else:
+    display(Markdown("No stability groups in this sweep (`stability.groups`)."))
 
 # %% [markdown]
 # ## Rows per backend and status

@@ -1,5 +1,6 @@
 # Aggregation: validate and join every microbench results file (the adapters' jobs and the rule backends'),
-# then write the paper-style tables (md, tex, csv) and the figures (png, svg).
+# pair the backends each job timed side by side (results/<sweep>/microbench/pairs.parquet), then write the
+# paper-style tables (md, tex, csv) and the figures (png, svg), their claims within report.min_margin.
 from attnbench.report.figures import FIGURE_NAMES
 from attnbench.report.figures import FORMATS as FIGURE_FORMATS
 from attnbench.report.tables import FORMATS as TABLE_FORMATS
@@ -18,6 +19,7 @@ rule aggregate:
         results=MICROBENCH_RESULTS,
     output:
         merged=P.MERGED,
+        pairs=P.PAIRS,
         index=P.STAGE_INDEX.format(stage="microbench"),
         tables=[
             report(
@@ -54,8 +56,9 @@ rule aggregate:
     params:
         tables=lambda wildcards, output: Path(output.index).parent,
         figures=lambda wildcards, output: Path(output.figures[0]).parent,
+        min_margin=PLAN.config["report"]["min_margin"],
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench aggregate --merged {output.merged:q} --tables {params.tables:q} --figures {params.figures:q} "
-        "{input.results:q} > {log:q} 2>&1"
+        "attnbench aggregate --merged {output.merged:q} --pairs {output.pairs:q} --tables {params.tables:q} "
+        "--figures {params.figures:q} --min-margin {params.min_margin} {input.results:q} > {log:q} 2>&1"

@@ -3,7 +3,8 @@
 from attnbench.report.pretrain import report_files as pretrain_report_files
 
 REPORT_STAGE_FILES = {
-    "microbench": [P.MERGED, P.STAGE_INDEX.format(stage="microbench")] if PLAN.microbench else [],
+    "microbench": [P.MERGED, P.PAIRS, P.STAGE_INDEX.format(stage="microbench")] if PLAN.microbench else [],
+    "stability": STABILITY_TABLES if PLAN.stability else [],
     "hbm": [P.HBM_TABLE, P.HBM_LEDGER, *HBM_FIGURE_FILES] if PLAN.hbm else [],
     "pretrain": [f for e in PLAN.pretrain for f in pretrain_report_files(PRETRAIN, e)],
     "context": CONTEXT_TABLES if PLAN.capability else [],

@@ -1,0 +1,98 @@
+"""`attnbench compare` and the stability stage's tables, on hand-made results files."""
+import math
+
+import pandas as pd
+import pytest
+
+from attnbench.bench import conventions
+from attnbench.bench.results import empty_row, to_frame, write_atomic
+from attnbench.case import Case
+from attnbench.cli import main
+from attnbench.report import compare, stability
+
+
+def _case(seq):
+    return Case(mode="fwd", layout="mha", batch=1, heads_q=2, heads_kv=2, head_dim_qk=16, head_dim_v=16,
+                seq_q=seq, seq_kv=seq, causal=False, dtype="fp32")
+
+
+def _row(case, backend, ms, spread=0.01, status="ok", job="j", rounds=True):
+    row = empty_row() | case.fields()
+    row.update(sweep="s", group="g", case_id=case.case_id, backend=backend, status=status, reason="", job_id=job,
+               flops=conventions.flops(case))
+    if status == "ok":
+        row.update(ms_median=ms, ms_ci_low=ms * (1 - spread) if rounds else math.nan,
+                   ms_ci_high=ms * (1 + spread) if rounds else math.nan,
+                   round_ms=[ms * (1 + spread * f) for f in (-0.5, 0.0, 0.5)] if rounds else None, n_rounds=3)
+    return row
+
+
+def _write(tmp_path, name, rows):
+    path = tmp_path / name
+    write_atomic(to_frame(rows), path)
+    return path
+
+
+@pytest.fixture
+def base(tmp_path):
+    return _write(tmp_path, "base.parquet", [_row(_case(64), "a", 1.0), _row(_case(64), "b", 2.0),
+                                             _row(_case(128), "a", 4.0), _row(_case(128), "b", 8.0, status="error")])
+
+
+def test_a_file_against_itself_is_within_noise_and_exits_0(base, capsys):
+    assert main(["compare", str(base), str(base)]) == 0
+    out = capsys.readouterr().out
+    assert "3 within noise" in out and "1 not measured" in out and "slower" not in out.split("rows:")[1].split("(")[0]
+
+
+@pytest.mark.parametrize("factor, spread, threshold, verdict, code", [
+    (1.20, 0.01, 0.05, "slower", 1),  # 20% slower, intervals of 1%: a regression
+    (1.03, 0.01, 0.05, "within noise", 0),  # real but under the threshold
+    (1.20, 0.30, 0.05, "within noise", 0),  # large but inside the noise
+    (0.80, 0.01, 0.05, "faster", 0),
+])
+def test_slower_beyond_both_interval_and_threshold_fails(tmp_path, base, factor, spread, threshold, verdict, code):
+    new = _write(tmp_path, "new.parquet", [_row(_case(64), "a", 1.0 * factor, spread), _row(_case(64), "b", 2.0)])
+    table = compare.compare(compare.load_side(base), compare.load_side(new), threshold)
+    by = table.set_index(["backend", "case_id"])
+    assert by.loc[("a", _case(64).case_id), "verdict"] == verdict
+    assert by.loc[("b", _case(128).case_id), "verdict"] == "only in base"
+    assert compare.exit_code(table) == code
+    assert main(["compare", str(base), str(new), "--threshold", str(threshold)]) == code
+
+
+def test_a_sweep_folder_is_its_merged_results_and_rows_without_intervals_claim_nothing(tmp_path, base, capsys):
+    sweep = tmp_path / "results" / "s"
+    _write(sweep, "microbench.parquet", [_row(_case(64), "a", 2.0, rounds=False)])
+    out_md = tmp_path / "out" / "compare.md"
+    assert main(["compare", str(base), str(sweep), "--out", str(out_md)]) == 0  # 2x slower, but no interval
+    assert "no interval" in out_md.read_text()
+    with pytest.raises(Exception, match="no results here"):
+        compare.load_side(tmp_path / "out")
+
+
+def _passes(tmp_path, second_factor):
+    paths = []
+    for i, factor in ((1, 1.0), (2, second_factor)):
+        rows = [_row(_case(64), "a", 1.0 * factor, job=f"p{i}"), _row(_case(64), "b", 2.0 * factor, job=f"p{i}")]
+        paths.append(_write(tmp_path / "stability" / "anchor", f"{i}.parquet", rows))
+    return paths
+
+
+def test_stability_tables_say_whether_passes_agree_within_their_intervals(tmp_path):
+    index = stability.write(_passes(tmp_path, 1.005), tmp_path / "tables", threshold=0.05, min_margin=0.03)
+    assert set(index) == {"stability", "stability_pairs"}
+    rows = pd.read_parquet(tmp_path / "tables" / "stability.parquet")
+    assert rows["agree"].all() and set(rows["passes"]) == {"2 vs 1"} and "Rows that agree: 100% of 2" in \
+        index["stability"]["caption"]
+    pairs = pd.read_parquet(tmp_path / "tables" / "stability_pairs.parquet")
+    assert len(pairs) == 2 and pairs["agree"].all() and pairs["ratio"].tolist() == pytest.approx([0.5, 0.5])
+    assert (tmp_path / "tables" / "stability.md").read_text().startswith("Table (stability): ")
+
+
+def test_passes_that_moved_beyond_their_intervals_do_not_agree(tmp_path):
+    stability.write(_passes(tmp_path, 1.10), tmp_path / "tables", threshold=0.05, min_margin=0.03)
+    rows = pd.read_parquet(tmp_path / "tables" / "stability.parquet")
+    assert not rows["agree"].any() and set(rows["verdict"]) == {"slower"}
+    pairs = pd.read_parquet(tmp_path / "tables" / "stability_pairs.parquet")
+    assert pairs["agree"].all()  # both backends moved alike: their paired ratio did not

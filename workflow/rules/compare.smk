@@ -1,0 +1,30 @@
+# `snakemake compare --config baseline=<results file or sweep folder under results/>`: this sweep's microbench
+from snakemake.exceptions import WorkflowError
+
+# rows against a committed baseline (attnbench compare). The target fails when some row is slower beyond both
+# its 95% interval and report.compare_threshold, so a library upgrade that slows a kernel is a failed target.
+BASELINE = PLAN.config.get("baseline")
+
+
+def compare_baseline(wildcards):
+    if not BASELINE:
+        raise WorkflowError("compare: no baseline; set one with --config baseline=<results file or sweep folder "
+                            "under results/> (e.g. results/reference/cpu/default-a/microbench.parquet)")
+    return BASELINE
+
+
+rule compare:
+    input:
+        base=compare_baseline,
+        new=P.MERGED,
+    output:
+        P.COMPARE,
+    log:
+        f"{P.LOGS}/compare.log",
+    params:
+        threshold=PLAN.config["report"]["compare_threshold"],
+    conda:
+        "../envs/attnbench.yaml"
+    shell:
+        "attnbench compare {input.base:q} {input.new:q} --threshold {params.threshold} --out {output:q} "
+        "> {log:q} 2>&1 || {{ cat {log:q} >&2; exit 1; }}"
