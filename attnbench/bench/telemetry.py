@@ -185,7 +185,8 @@ class NvmlSource:
         nvml, handle = self.nvml, self.handle
         return Reading(clock_mhz=self._ask("clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
                        power_w=self._power_w(),
-                       temp_c=self._ask("temp", lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+                       temp_c=self._ask("temp", lambda: nvml.nvmlDeviceGetTemperature(handle,
+                                                                                      nvml.NVML_TEMPERATURE_GPU)),
                        throttled=self._throttled(),
                        others=self.other_processes() if with_processes else NAN)
 

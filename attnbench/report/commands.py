@@ -33,8 +33,10 @@ def _cmd_aggregate(args) -> int:
 def _cmd_compare(args) -> int:
     from attnbench.report import compare
 
-    table = compare.compare(compare.load_side(args.base), compare.load_side(args.new), args.threshold)
-    text = compare.to_text(table, args.threshold)
+    base, new = compare.load_side(args.base), compare.load_side(args.new)
+    table = compare.compare(base, new, args.threshold)
+    text = compare.to_text(table, args.threshold) + compare.winners_summary(
+        compare.winners(base, new, _min_margin(args.min_margin))) + "\n"
     print(f"attnbench compare: new {args.new} against base {args.base}\n\n{text}")
     if args.out:
         from pathlib import Path
@@ -56,8 +58,8 @@ def _cmd_stability_table(args) -> int:
     from attnbench.report import stability
 
     index = stability.write(args.inputs, args.out_dir, args.threshold, _min_margin(args.min_margin))
-    print(f"wrote {', '.join(index)} to {args.out_dir}: " + " ".join(v["caption"].split(". ")[-1] for v in index.values()),
-          file=sys.stderr)
+    summaries = " ".join(v["caption"].split(". ")[-1] for v in index.values())
+    print(f"wrote {', '.join(index)} to {args.out_dir}: {summaries}", file=sys.stderr)
     return 0
 
 
@@ -102,6 +104,8 @@ def add_commands(sub) -> None:
     p.add_argument("new", help="results file or sweep folder")
     p.add_argument("--threshold", type=float, default=0.05,
                    help="a row counts as slower or faster beyond this relative margin (default %(default)s)")
+    p.add_argument("--min-margin", type=float,
+                   help="report.min_margin, for the two sides' winners (default: the schema's)")
     p.add_argument("--out", help="also write the comparison here (.md, or .csv for the numbers)")
     p.set_defaults(func=_cmd_compare)
 

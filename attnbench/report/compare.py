@@ -12,6 +12,9 @@ the median times gets a 95% interval from the two rows' own intervals
 
 The exit status is 1 when some row is ``slower``, else 0, so a library upgrade that slows a kernel
 fails ``snakemake compare`` (a file compared with itself has every ratio 1 and exits 0).
+
+:func:`winners` sets the two sides' winners tables against each other: per case, the winner each
+names (or "tie within noise"), and whether they contradict (two different backends named).
 """
 from __future__ import annotations
 
@@ -107,3 +110,34 @@ def to_text(table: pd.DataFrame, threshold: float) -> str:
     shown = shown[["case", "backend", "ms_base", "ms_new", "ratio", "method", "verdict"]].rename(
         columns={"ms_base": "base ms", "ms_new": "new ms", "ratio": "new/base [95% CI]"})
     return shown.to_markdown(index=False) + "\n\n" + summary(table, threshold) + "\n"
+
+
+def winners(base: pd.DataFrame, new: pd.DataFrame, min_margin: float) -> pd.DataFrame:
+    """Per case measured on both sides: each side's claimed winner and whether the claims agree.
+
+    ``agree`` is False only when both sides name a winner and the names differ; a winner on one
+    side and a tie on the other is no contradiction (the other side could not tell them apart).
+    """
+    from attnbench.report.tables import TIE, winners_table
+
+    sides = []
+    for frame in (base, new):
+        table = winners_table(frame, min_margin=min_margin).values
+        if "winner" not in table:  # no ok rows: an empty note table
+            return pd.DataFrame(columns=["case", "winner_base", "winner_new", "agree"])
+        sides.append(table.reset_index()[["case_id", "winner"]])
+    joined = sides[0].merge(sides[1], on="case_id", suffixes=("_base", "_new"))
+    named = (joined["winner_base"] != TIE) & (joined["winner_new"] != TIE)
+    joined["agree"] = ~named | (joined["winner_base"] == joined["winner_new"])
+    cases = base.drop_duplicates("case_id").set_index("case_id")
+    joined.insert(0, "case", [case_text(cases.loc[c]) for c in joined["case_id"]])
+    return joined[["case", "winner_base", "winner_new", "agree"]]
+
+
+def winners_summary(table: pd.DataFrame) -> str:
+    from attnbench.report.tables import TIE
+
+    both = ((table["winner_base"] != TIE) & (table["winner_new"] != TIE)).sum()
+    one = ((table["winner_base"] != TIE) ^ (table["winner_new"] != TIE)).sum()
+    return (f"winners: {len(table)} cases on both sides; {both} with a winner named on both "
+            f"({(~table['agree']).sum()} contradict), {one} named on one side and a tie within noise on the other")

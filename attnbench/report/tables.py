@@ -360,7 +360,7 @@ def winners_table(df: pd.DataFrame, pair_table: pd.DataFrame | None = None,
         best, second = c.best, c.runner_up
         t_lo, t_hi = rate_interval(pd.DataFrame([best]), "tflops")
         rows.append({**{d: best[d] for d in CASE_DIMS}, "seq_q": best["seq_q"], "seq_kv": best["seq_kv"],
-                     "winner": c.winner, "fastest": best["backend"], "tflops": best["tflops"],
+                     "case_id": case_id, "winner": c.winner, "fastest": best["backend"], "tflops": best["tflops"],
                      "tflops_ci_low": t_lo.iloc[0], "tflops_ci_high": t_hi.iloc[0], "gbps": best["gbps"],
                      "runner_up": second["backend"] if second is not None else "",
                      "speedup": c.ratio.ratio, "speedup_ci_low": c.ratio.low, "speedup_ci_high": c.ratio.high,
@@ -371,13 +371,14 @@ def winners_table(df: pd.DataFrame, pair_table: pd.DataFrame | None = None,
     values = values.sort_values(keys).set_index(keys)
     values = values[["winner", "fastest", "tflops", "tflops_ci_low", "tflops_ci_high", "gbps", "runner_up", "speedup",
                      "speedup_ci_low", "speedup_ci_high", "tied", "bound", "intensity", "frac_of_peak_pct",
-                     "backends_ok", "drift"]]
+                     "backends_ok", "drift", "case_id"]]
     display = values.assign(
         tflops=[interval_text(v, lo, hi, d) for v, lo, hi, d in zip(values["tflops"], values["tflops_ci_low"],
                                                                      values["tflops_ci_high"], values["drift"])],
         speedup=[interval_text(v, lo, hi) for v, lo, hi in zip(values["speedup"], values["speedup_ci_low"],
                                                                values["speedup_ci_high"])])
-    display = display.drop(columns=["tflops_ci_low", "tflops_ci_high", "speedup_ci_low", "speedup_ci_high", "drift"])
+    display = display.drop(columns=["tflops_ci_low", "tflops_ci_high", "speedup_ci_low", "speedup_ci_high", "drift",
+                                    "case_id"])
     return Table("winners", caption, values, display.map(fmt))
 
 

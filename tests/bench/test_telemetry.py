@@ -164,7 +164,8 @@ def test_other_processes_cpu_time_over_a_window(tmp_path):
 def test_every_nvml_name_used_exists_in_nvidia_ml_py():
     pynvml = pytest.importorskip("pynvml")
     assert [n for n in telemetry.NVML_NAMES if not hasattr(pynvml, n)] == []
-    assert all(getattr(pynvml, f"nvmlClocksEventReason{name}") == bit for name, bit in telemetry.THROTTLE_REASONS.items())
+    bits = telemetry.THROTTLE_REASONS.items()
+    assert all(getattr(pynvml, f"nvmlClocksEventReason{name}") == bit for name, bit in bits)
     fake = FakeNvml()
     assert [n for n in telemetry.NVML_NAMES if n not in ("nvmlInit", "nvmlDeviceGetHandleByUUID",
                                                          "nvmlDeviceGetHandleByIndex") and not hasattr(fake, n)] == []

@@ -21,7 +21,7 @@ def _row(case, backend, ms, spread=0.01, status="ok", job="j", rounds=True):
     row.update(sweep="s", group="g", case_id=case.case_id, backend=backend, status=status, reason="", job_id=job,
                flops=conventions.flops(case))
     if status == "ok":
-        row.update(ms_median=ms, ms_ci_low=ms * (1 - spread) if rounds else math.nan,
+        row.update(ms_median=ms, tflops=row["flops"] / ms / 1e9, ms_ci_low=ms * (1 - spread) if rounds else math.nan,
                    ms_ci_high=ms * (1 + spread) if rounds else math.nan,
                    round_ms=[ms * (1 + spread * f) for f in (-0.5, 0.0, 0.5)] if rounds else None, n_rounds=3)
     return row
@@ -96,3 +96,17 @@ def test_passes_that_moved_beyond_their_intervals_do_not_agree(tmp_path):
     assert not rows["agree"].any() and set(rows["verdict"]) == {"slower"}
     pairs = pd.read_parquet(tmp_path / "tables" / "stability_pairs.parquet")
     assert pairs["agree"].all()  # both backends moved alike: their paired ratio did not
+
+
+def test_winners_of_two_runs_agree_unless_they_name_different_backends(tmp_path):
+    def side(a_ms, b_ms, job):
+        return compare.load_side(_write(tmp_path, f"{job}.parquet", [_row(_case(64), "a", a_ms, job=job),
+                                                                    _row(_case(64), "b", b_ms, job=job)]))
+
+    base = side(1.0, 2.0, "x")
+    same, swapped, tie = side(1.1, 2.3, "y"), side(2.0, 1.0, "z"), side(1.0, 1.001, "t")
+    assert compare.winners(base, same, 0.03)["agree"].all()
+    assert not compare.winners(base, swapped, 0.03)["agree"].any()
+    table = compare.winners(base, tie, 0.03)
+    assert table["agree"].all() and table["winner_new"].tolist() == ["tie within noise"]
+    assert "1 named on one side and a tie within noise on the other" in compare.winners_summary(table)
