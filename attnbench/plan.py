@@ -362,8 +362,20 @@ def check_baseline(value) -> str | None:
     parts = Path(value).parts
     if Path(value).is_absolute() or not parts or parts[0] != "results" or ".." in parts:
         raise ConfigError(f"baseline={value!r} is not allowed; allowed: a relative path under results/ without '..' "
-                          "(e.g. results/reference/cpu/default-a/microbench.parquet)")
+                          "(e.g. results/reference/cpu/cpu-a/microbench.parquet)")
     return value
+
+
+def baseline_input(config: dict):
+    """The compare rule's baseline input: the configured path, or (without one) an input function that
+    stops that rule alone with a one-line error, so a sweep without a baseline runs every other target."""
+    if config.get("baseline"):
+        return config["baseline"]
+
+    def missing(wildcards):
+        raise ConfigError("compare: no baseline; set one with --config baseline=<results file or sweep folder "
+                          "under results/> (e.g. results/reference/cpu/cpu-a/microbench.parquet)")
+    return missing
 
 
 def check_config(config: dict, rule_backend_files: list[str] | None = None) -> dict[str, Plan]:

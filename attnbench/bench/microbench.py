@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from attnbench.bench import conventions, stats, telemetry
+from attnbench.bench import conventions, telemetry
 from attnbench.case import Case
 from attnbench.bench.ceilings import Ceilings
 from attnbench.failures import classify

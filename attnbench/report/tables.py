@@ -304,7 +304,7 @@ class Claim:
     best: dict  # the row with the lowest median time
     runner_up: dict | None
     ratio: stats.Ratio  # time(runner_up) / time(best), with its interval
-    tied: list[str] = field(default_factory=list)  # backends not told apart from the best
+    tied: list[str] = field(default_factory=list)  # not told apart from the best; "<name> (no interval)": no data to
 
     @property
     def decided(self) -> bool:
@@ -335,7 +335,7 @@ def claim(rows: pd.DataFrame, pair_table: pd.DataFrame | None, min_margin: float
         if first is None:
             first = r
         if stats.verdict(r, min_margin) != stats.SLOWER:
-            tied.append(other["backend"])
+            tied.append(other["backend"] + ("" if r.has_interval else " (no interval)"))
     return Claim(best, ordered[1] if len(ordered) > 1 else None, first or stats.NO_RATIO, tied)
 
 

@@ -2,7 +2,6 @@
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from attnbench.bench import stats

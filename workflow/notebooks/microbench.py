@@ -101,8 +101,12 @@ shared = ok[ok["device_shared"].fillna(False).astype(bool)]
 if len(shared):
     lines.append(f"**Shared device**: {len(shared)} of {len(ok)} measured rows were timed while another process "
                  "used the device (`device_shared`: another process on the GPU, or more than 10% of the CPUs' time "
-                 "taken by others); without the timing lock (`timing_lock`) "
-                 f"{int((~ok['timing_lock'].fillna(False).astype(bool)).sum())} rows.")
+                 "taken by others); their intervals include that noise.")
+unlocked = ok[ok["timing_lock"].notna() & ~ok["timing_lock"].fillna(True).astype(bool)]
+if len(unlocked):
+    lines.append(f"**Without the timing lock**: {len(unlocked)} measured rows come from jobs that did not hold "
+                 "their device's timing lock (run outside `attnbench lease`), so other timing jobs may have run "
+                 "beside them.")
 ridge = (ok["peak_flops"] / ok["peak_bytes_per_s"]).median() if len(ok) else float("nan")
 if ridge == ridge:
     lines.append(f"The ridge point is about **{ridge:.3g} FLOP/byte**: a kernel whose intensity "
@@ -136,17 +140,17 @@ def not_measured(frame: pd.DataFrame, modes) -> str:
 
 
 def claim_text(c: tables.Claim, column: str, unit: str) -> str:
-    """`best` at its rate with interval, and the margin over the next backend, or the tie."""
+    """`best` at its rate with interval and its margin over the next backend, or the tie and why."""
     best = c.best
     text = f"`{best['backend']}` at {timed(best, column, unit)}"
     if c.runner_up is None:
         return text + drift_note(best)
-    margin = (f"{tables.interval_text(c.ratio.ratio, c.ratio.low, c.ratio.high)}x the next "
-              f"(`{c.runner_up['backend']}`, {c.ratio.method})")
+    ratio = tables.interval_text(c.ratio.ratio, c.ratio.low, c.ratio.high)
     if c.decided:
-        return f"{text}, {margin}" + drift_note(best)
+        return f"{text}, {ratio}x the next (`{c.runner_up['backend']}`, {c.ratio.method})" + drift_note(best)
     return (f"**{tables.TIE}**: `{best['backend']}` ({timed(best, column, unit)}) cannot be told from "
-            + ", ".join(f"`{b}`" for b in c.tied) + f" (time ratio {margin})" + drift_note(best))
+            + ", ".join(f"`{b}`" for b in c.tied) + f"; the next, `{c.runner_up['backend']}`, takes {ratio} times "
+            f"as long ({c.ratio.method})" + drift_note(best))
 
 
 def winners_text(frame: pd.DataFrame) -> list[str]:

@@ -1,21 +1,12 @@
 # `snakemake compare --config baseline=<results file or sweep folder under results/>`: this sweep's microbench
-from snakemake.exceptions import WorkflowError
-
 # rows against a committed baseline (attnbench compare). The target fails when some row is slower beyond both
 # its 95% interval and report.compare_threshold, so a library upgrade that slows a kernel is a failed target.
-BASELINE = PLAN.config.get("baseline")
-
-
-def compare_baseline(wildcards):
-    if not BASELINE:
-        raise WorkflowError("compare: no baseline; set one with --config baseline=<results file or sweep folder "
-                            "under results/> (e.g. results/reference/cpu/default-a/microbench.parquet)")
-    return BASELINE
+from attnbench.plan import baseline_input
 
 
 rule compare:
     input:
-        base=compare_baseline,
+        base=baseline_input(PLAN.config),
         new=P.MERGED,
     output:
         P.COMPARE,

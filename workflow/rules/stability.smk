@@ -44,7 +44,7 @@ rule stability_table:
     log:
         f"{P.LOGS}/stability/table.log",
     params:
-        folder=STABILITY_TABLE_DIR,
+        folder=lambda wildcards, output: Path(output[-1]).parent,
         threshold=PLAN.config["report"]["compare_threshold"],
         min_margin=PLAN.config["report"]["min_margin"],
     conda:
