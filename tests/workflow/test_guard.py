@@ -154,14 +154,16 @@ def test_rule_backend_contract(plan, tmp_path):
     fwd32 = table[(table["mode"] == "fwd") & (table["dtype"] == "fp32")]["case_id"].iloc[0]
     dec = table[table["mode"] == "decode"]["case_id"].iloc[0]
     timings = tmp_path / "timings.tsv"
-    timings.write_text("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\trel_err\tmax_abs_err\treason\n"
-                       f"{fwd32}\tok\t2.0\t1.9\t2.2\t5\t1e-7\t2e-7\t\n"
-                       f"{dec}\tunsupported\t\t\t\t\t\t\tfwd only\n")
+    timings.write_text("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\tms_ci_low\tms_ci_high\trel_err\t"
+                       "max_abs_err\treason\n"
+                       f"{fwd32}\tok\t2.0\t1.9\t2.2\t5\t1.95\t2.1\t1e-7\t2e-7\t\n"
+                       f"{dec}\tunsupported\t\t\t\t\t\t\t\t\tfwd only\n")
     df = ingest.ingest(job, "c-naive", timings=str(timings), ceilings=None, version="cc 1", family="fused")
     validate_frame(df, "ingest")
     by_id = df.set_index("case_id")
     assert by_id.loc[fwd32, "status"] == "ok" and by_id.loc[fwd32, "tflops"] == pytest.approx(
         by_id.loc[fwd32, "flops"] / 2e-3 / 1e12)
+    assert (by_id.loc[fwd32, "ms_ci_low"], by_id.loc[fwd32, "ms_ci_high"]) == (1.95, 2.1)  # its own interval
     assert by_id.loc[dec, "status"] == "unsupported" and by_id.loc[dec, "reason"] == "fwd only"
     assert (df["status"] == "error").sum() == 2  # the two cases the command printed nothing for
     down = ingest.ingest(job, "c-naive", timings=None, ceilings=None, version="", family="fused",
