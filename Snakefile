@@ -2,11 +2,14 @@
 
 common (load, validate and plan once; write each job's plan file) -> env (effective config, versions,
 ceilings, their tables) -> microbench (one job per group, plus backends added as rules) -> aggregate
-(the joined rows, the stage's tables and figures) -> stability -> hbm -> triton (its configs compiled
-before the microbench jobs that time it; the compiler report after) -> pretrain -> context -> report
-(one executed report, a section per stage); `snakemake publish` logs every stage to Weights & Biases. Every stage writes its tables, figures and results/<sweep>/<stage>/tables/index.json, which
-the report, `snakemake --report` and publishing read. The stage files are included explicitly, in
-data-flow order; a stage the sweep does not run plans no jobs. Adding one: workflow/rules/ADD_STAGE.md.
+(the joined rows; the stage's tables and figures, claims within report.min_margin) -> stability (each
+pass its own process; whether the passes agree within their intervals) -> compare (opt-in: `snakemake
+compare --config baseline=<path>`) -> hbm -> triton (its configs compiled before the microbench jobs
+that time it; the compiler report after) -> pretrain -> context -> report (one executed report, a
+section per stage); `snakemake publish` logs every stage to Weights & Biases. Every stage writes its
+tables, figures and results/<sweep>/<stage>/tables/index.json, which the report, `snakemake --report`
+and publishing read. The stage files are included explicitly, in data-flow order; a stage the sweep
+does not run plans no jobs. Adding one: workflow/rules/ADD_STAGE.md.
 """
 
 
@@ -15,6 +18,7 @@ include: "workflow/rules/env.smk"
 include: "workflow/rules/microbench.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/stability.smk"
+include: "workflow/rules/compare.smk"
 include: "workflow/rules/hbm.smk"
 include: "workflow/rules/triton.smk"
 include: "workflow/rules/pretrain.smk"

@@ -15,7 +15,7 @@ from typing import Iterable
 # argparse destinations, by role, of every subcommand (a destination a command lacks is skipped)
 INPUT_ARGS = ("config", "job", "ceilings", "checkpoint", "inputs", "parts", "hbm", "ledger", "microbench", "capability",
               "cost", "rope_overhead", "timings", "config_in", "results", "env", "notebooks", "input", "have",
-              "spec", "rows")
+              "spec", "rows", "base", "new")
 OUTPUT_ARGS = ("out", "merged", "out_dir", "out_capability", "out_cost", "config_out", "versions_out", "keep_notebook")
 
 

@@ -138,13 +138,17 @@ def device_view(config: dict, device: str) -> dict:
     return view
 
 
+DEFAULT_REPEATS = {"cpu": 3, "cuda": 5}  # timing.repeats: null
+
+
 def run_options(view: dict, **overrides) -> dict:
     """The one place a timed job's options come from (``attnbench.bench.microbench.RunOptions`` fields)."""
     timing = view["timing"]
     options = {"sweep": view["sweep"], "device": view["device"], "numerics": view["numerics"],
                "max_err_ratio": view["max_err_ratio"], "seed": view["seed"], "warmup_ms": timing["warmup_ms"],
                "rep_ms": timing["rep_ms"], "cpu_min_run_time_s": timing["cpu_min_run_time_s"],
-               "min_reps": timing["min_reps"]}
+               "min_reps": timing["min_reps"], "repeats": timing["repeats"] or DEFAULT_REPEATS[view["device"]],
+               **{k: timing[k] for k in ("discard_throttled", "cooldown_ms", "energy_ms", "telemetry_ms")}}
     options.update(overrides)
     return options
 
@@ -198,7 +202,8 @@ class Plan:
         ``extra`` adds stage settings to the payload (``hbm``: the Nsight Compute settings).
         """
         found = self.group(stage, group)
-        numerics = {"hbm": False, "context-cost": False}.get(stage, self.view["numerics"])
+        # only timing is examined by these stages: no fp64 reference
+        numerics = {"hbm": False, "context-cost": False, "stability": False}.get(stage, self.view["numerics"])
         limit = self.view["job_time_limit_s"]  # read by attnbench guard; left out when unset (job files unchanged)
         payload = {"stage": stage, "sweep": self.sweep, "device": self.device, "group": group,
                    "backends": list(backends or found.backends), "cases": [c.fields() for c in found.cases],
@@ -396,8 +401,32 @@ def _named_groups(names: list[str], groups: dict[str, Group]) -> dict[str, Group
     return {name: groups[name] for name in names if name in groups}
 
 
+def check_baseline(value) -> str | None:
+    """``baseline``: a relative path under results/ (a committed reference, or another sweep's folder)."""
+    if value is None:
+        return None
+    parts = Path(value).parts
+    if Path(value).is_absolute() or not parts or parts[0] != "results" or ".." in parts:
+        raise ConfigError(f"baseline={value!r} is not allowed; allowed: a relative path under results/ without '..' "
+                          "(e.g. results/reference/cpu/cpu-a/microbench.parquet)")
+    return value
+
+
+def baseline_input(config: dict):
+    """The compare rule's baseline input: the configured path, or (without one) an input function that
+    stops that rule alone with a one-line error, so a sweep without a baseline runs every other target."""
+    if config.get("baseline"):
+        return config["baseline"]
+
+    def missing(wildcards):
+        raise ConfigError("compare: no baseline; set one with --config baseline=<results file or sweep folder "
+                          "under results/> (e.g. results/reference/cpu/cpu-a/microbench.parquet)")
+    return missing
+
+
 def check_config(config: dict, rule_backend_files: list[str] | None = None) -> dict[str, Plan]:
     """Plan every device, so that a CPU host checks the ``cuda`` blocks too; one-line ConfigError on any problem."""
+    check_baseline(config.get("baseline"))
     plans = {device: _plan_device(config, device, f"planned for {device}", rule_backend_files) for device in DEVICES}
     for section in ("stability", "triton"):
         known = {g for device in DEVICES for g in config["microbench"][device]["groups"]}

@@ -56,6 +56,18 @@ def test_plan_lists_jobs_and_says_why_this_grid():
     assert "jobs per stage: microbench 2, microbench-rule 1" in plan.summary()
 
 
+def test_timed_jobs_get_the_rounds_and_telemetry_options_of_their_device():
+    options = _plan(CONFIG).job("microbench", "g").payload["options"]
+    assert options["repeats"] == planner.DEFAULT_REPEATS["cpu"] == 3
+    assert (options["discard_throttled"], options["cooldown_ms"], options["energy_ms"]) == (False, 0, 500)
+    cuda = planner.run_options(planner.device_view(configs.validate_config(CONFIG), "cuda"))
+    assert cuda["repeats"] == 5 and cuda["telemetry_ms"] == 20
+    assert _plan(_with("timing.repeats", 7)).job("microbench", "g").payload["options"]["repeats"] == 7
+    stability = _plan(_with("stability", {"groups": ["g"], "processes": 2}, _with("stages", ["stability"])))
+    passes = [j for j in stability.jobs() if j.stage == "stability"]
+    assert [j.name for j in passes] == ["g/1", "g/2"] and passes[0].payload["options"]["numerics"] is False
+
+
 def test_a_stage_the_sweep_does_not_run_plans_no_jobs_but_is_still_checked():
     plan = _plan(_with("stages", ["pretrain"]))
     assert {j.stage for j in plan.jobs()} == {"pretrain"}
@@ -91,6 +103,11 @@ def test_a_stage_the_sweep_does_not_run_plans_no_jobs_but_is_still_checked():
     ("sweep", "../escape", "sweep='../escape' is not allowed; allowed: a name matching"),
     ("max_err_ratio", float("nan"), "max_err_ratio=nan is not allowed; allowed: a finite number"),
     ("seed", 2 ** 70, "seed"),
+    ("timing.repeats", 0, "timing.repeats: 0 is less than the minimum of 1"),
+    ("timing.cooldown_ms", -1, "timing.cooldown_ms: -1 is less than the minimum of 0"),
+    ("report.min_margin", "3%", "report.min_margin: '3%' is not of type 'number'"),
+    ("baseline", "/etc/passwd", "baseline='/etc/passwd' is not allowed; allowed: a relative path under results/"),
+    ("baseline", "results/../../x", "baseline='results/../../x' is not allowed"),
 ])
 def test_bad_configs_are_one_line_errors(path, value, message):
     with pytest.raises(ConfigError) as err:

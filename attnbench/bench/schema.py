@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import jsonschema
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -28,6 +29,8 @@ def results_schema() -> dict:
     properties = {}
     for name, (kind, description) in COLUMNS.items():
         prop = {"type": [kind, "null"] if name not in REQUIRED else kind, "description": description}
+        if kind == "array":
+            prop["items"] = {"type": "number"}
         if name in ENUMS:  # the words a table or the report shows as they are
             prop["enum"] = list(ENUMS[name]) + ([] if name in REQUIRED else [None])
         properties[name] = prop
@@ -49,6 +52,8 @@ def _json_value(value):
     """A frame cell as JSON: pandas missing values become null, numpy scalars plain Python."""
     if value is None or value is pd.NA or value is pd.NaT:
         return None
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_json_value(v) for v in value]
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float) and math.isnan(value):

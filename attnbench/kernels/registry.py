@@ -47,8 +47,8 @@ class Backend:
     kernel_pattern: str = ""  # regex over profiled kernel names; "" skips the check
     install_hint: str = ""
     # Precision the kernel computes in when it differs from the case dtype: "fp8" for backends that
-    # quantise bf16/fp16 inputs themselves. Their errors are reported, but the 2x gate (a rule for
-    # kernels computing in the input precision) does not apply; only non-finite results fail.
+    # quantise bf16/fp16 inputs themselves. The 2x-eager gate (a rule for kernels computing in the input
+    # precision) does not apply; they are held to attnbench.bench.numerics.FP8_REL_ERR_BOUND instead.
     compute_dtype: str | None = None
     # Inputs among "q", "k", "v" that the timed call reads in e4m3 (quantised in build): bytes_model
     # counts them at one byte per element (attnbench.bench.conventions.bytes_model). Set with compute_dtype.

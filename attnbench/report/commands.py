@@ -2,6 +2,7 @@
 
   aggregate      validate and join microbench results files into one table
   tables         write one stage's tables, figures and index (attnbench.report.stages)
+  compare        set two results files or sweep folders against each other, row by row, within noise
   render         execute the report notebooks, one section per stage, into one HTML file
   publish        log every stage to Weights & Biases (offline unless WANDB_API_KEY is set)
   wandb-report   build the W&B Report of an offline run's saved spec, once it is synced
@@ -30,6 +31,30 @@ def _cmd_tables(args) -> int:
     print(f"attnbench tables {args.stage}: {len(index['tables'])} tables, {len(index['figures'])} figures "
           f"({sum(t['empty'] for t in index['tables'])} without rows)", file=sys.stderr)
     return 0
+
+
+def _cmd_compare(args) -> int:
+    from attnbench.report import compare
+
+    base, new = compare.load_side(args.base), compare.load_side(args.new)
+    table = compare.compare(base, new, args.threshold)
+    text = compare.to_text(table, args.threshold) + compare.winners_summary(
+        compare.winners(base, new, _min_margin(args.min_margin))) + "\n"
+    print(f"attnbench compare: new {args.new} against base {args.base}\n\n{text}")
+    if args.out:
+        from pathlib import Path
+
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix == ".csv":
+            table.to_csv(out, index=False)
+        else:
+            out.write_text(f"new `{args.new}` against base `{args.base}`\n\n{text}")
+    code = compare.exit_code(table)
+    if code:
+        print(f"attnbench compare: {(table['verdict'] == 'slower').sum()} rows slower beyond their interval and "
+              f"{args.threshold:.0%}", file=sys.stderr)
+    return code
 
 
 def _cmd_render(args) -> int:
@@ -68,6 +93,13 @@ def _cmd_reference(args) -> int:
     return 0
 
 
+def _min_margin(value: float | None) -> float:
+    """``--min-margin``, or the schema's default of ``report.min_margin``."""
+    from attnbench.report.tables import DEFAULT_MIN_MARGIN
+
+    return DEFAULT_MIN_MARGIN if value is None else value
+
+
 def add_commands(sub) -> None:
     from attnbench.report.reference import REPORTS
     from attnbench.report.stages import STAGE_REPORTS
@@ -83,6 +115,17 @@ def add_commands(sub) -> None:
     p.add_argument("--part", action="append", default=[],
                    help="a planned unit the stage reads (pretrain: an experiment; stability: <group>/<process>)")
     p.set_defaults(func=_cmd_tables)
+
+    p = sub.add_parser("compare", help="NEW against BASE per (case, backend): ratio, 95%% interval, verdict; "
+                                       "exit 1 when a row is slower beyond its interval and the threshold")
+    p.add_argument("base", help="results file (parquet, csv) or sweep folder (results/<sweep>)")
+    p.add_argument("new", help="results file or sweep folder")
+    p.add_argument("--threshold", type=float, default=0.05,
+                   help="a row counts as slower or faster beyond this relative margin (default %(default)s)")
+    p.add_argument("--min-margin", type=float,
+                   help="report.min_margin, for the two sides' winners (default: the schema's)")
+    p.add_argument("--out", help="also write the comparison here (.md, or .csv for the numbers)")
+    p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("render", help="execute the report notebooks (jupytext py:percent) into one HTML file")
     p.add_argument("--results", required=True, help="the sweep's folder, results/<sweep> (stage indexes and tables)")

@@ -100,7 +100,7 @@ def publish(results_dir: str | Path, out: str | Path, *, project: str, stages: l
         os.environ.setdefault(var, str((wandb_dir / sub).resolve()))
     import wandb
 
-    from attnbench.files import read_json, read_parquet
+    from attnbench.files import read_json
 
     config = yaml.safe_load((env_dir / "config.yaml").read_text())
     provenance = read_json(env_dir / "versions.json", "versions file (attnbench env)")

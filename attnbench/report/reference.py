@@ -95,14 +95,14 @@ def _pretrain(rows: Path, out: Path) -> list[str]:
 
 
 def _stability(rows: Path, out: Path) -> list[str]:
-    """scripts/h200_stability.py wrote both processes into one file (column ``pass``)."""
+    """The retired stability script wrote both processes into one file (column ``pass``)."""
     df = pd.read_parquet(rows / "stability.parquet")
     parts = []
     for process, frame in df.groupby("pass"):
         group = str(frame["group"].iloc[0])
         target = paths.within(out, paths.STABILITY, group=group, index=int(process))
         target.parent.mkdir(parents=True, exist_ok=True)
-        frame.drop(columns="pass").to_parquet(target, index=False)
+        to_frame(frame.drop(columns="pass")).to_parquet(target, index=False)
         parts.append(f"{group}/{int(process)}")
     return parts
 

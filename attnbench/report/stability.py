@@ -1,13 +1,20 @@
-"""Timing fidelity across processes: the stability stage times named microbench groups again in
-``stability.processes`` fresh processes (own CUDA context, allocator, plans and clock history).
+"""The stability stage's tables: do independent processes timing the same group agree within their noise?
+
+Each pass of a group (``results/<sweep>/stability/<group>/<i>.parquet``) is its own ``attnbench
+microbench`` process: its own CUDA context, allocator, compile caches and clock history. Two tables:
 
 Tables
-  passes     per (case, backend): each process's median and CV, and the spread of the medians,
-             max / min - 1 over the processes
-  summary    per backend: pairs compared, the largest CV and spread, and how many pairs stay within
-             the limits (CV under 2%, spread under 3%: the harness's claim for cases over 100 us)
+* ``stability``: every (case, backend) of pass i > 1 against pass 1 (:func:`attnbench.report.compare.compare`:
+  the ratio of the passes' medians with the 95% interval their two intervals give). ``agree``: the
+  interval contains 1, i.e. the passes' medians agree within their intervals. The caption gives
+  the share that agree (the issue's target for the H200 anchor: at least 90% of rows).
+* ``stability_pairs``: the paired ratio of every two backends in each pass
+  (:func:`attnbench.bench.stats.pairs`), its interval's relative width (high / low - 1), and
+  ``agree``: the passes' intervals overlap. The caption gives the widest interval (the target for
+  fa4 against cuDNN on the anchor: at most 2%).
+
 Figure
-  spread     each pair's spread against its median time
+* ``spread``: each (case, backend)'s ratio of pass i over pass 1 against its time, with its interval.
 """
 from __future__ import annotations
 
@@ -16,70 +23,93 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 
-from attnbench.report.artifacts import Figure, StageOutputs, Table, fmt, frame_table, note_table  # noqa: E402
+from attnbench.bench import stats  # noqa: E402
+from attnbench.report import compare  # noqa: E402
+from attnbench.report.artifacts import Figure, StageOutputs, Table, fmt  # noqa: E402
 from attnbench.report.figures import placeholder  # noqa: E402
-from attnbench.report.tables import device_text  # noqa: E402
 
-CV_LIMIT, SPREAD_LIMIT, MIN_MS = 0.02, 0.03, 0.1  # the limits hold for calls over MIN_MS
-KEY = ["group", "case_id", "backend", "mode", "layout", "batch", "heads_q", "head_dim_qk", "seq_kv", "causal", "dtype"]
-
-
-def compare(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per (case, backend) measured in every process: medians, CVs, spread; column ``process``."""
-    ok = rows[rows["status"] == "ok"].dropna(subset=["ms_median"])
-    processes = sorted(ok["process"].unique())
-    wide = ok.pivot_table(index=KEY, columns="process", values=["ms_median", "cv"], aggfunc="first", observed=True)
-    wide = wide.dropna()  # a pair is compared only where every process measured it
-    medians = wide["ms_median"]
-    out = pd.DataFrame(index=wide.index)
-    for p in processes:
-        out[f"ms_median_{p}"] = medians[p]
-    for p in processes:
-        out[f"cv_{p}"] = wide["cv"][p]
-    out["spread"] = medians.max(axis=1) / medians.min(axis=1) - 1
-    out["max_cv"] = wide["cv"].max(axis=1)
-    return out
+TABLE_NAMES = ("stability", "stability_pairs")
+FIGURE_NAMES = ("spread",)
 
 
-def summary(pairs: pd.DataFrame) -> pd.DataFrame:
-    long = pairs[pairs.filter(like="ms_median_").min(axis=1) > MIN_MS]
-    by = long.groupby(level="backend", observed=True)
-    return pd.DataFrame({"pairs_over_min_ms": by.size(), "max_cv": by["max_cv"].max(), "max_spread": by["spread"].max(),
-                         "within_limits": by.apply(lambda g: int(((g["max_cv"] < CV_LIMIT)
-                                                                  & (g["spread"] < SPREAD_LIMIT)).sum()))})
+def row_table(groups: dict[str, dict[str, pd.DataFrame]], threshold: float) -> pd.DataFrame:
+    frames = []
+    for group, passes in groups.items():
+        names = list(passes)
+        for name in names[1:]:
+            table = compare.compare(passes[names[0]], passes[name], threshold)
+            table = table[table["verdict"].isin(["faster", "slower", "within noise", "no interval"])]
+            agree = [(lo <= 1 <= hi) if pd.notna(lo) and pd.notna(hi) else pd.NA
+                     for lo, hi in zip(table["ci_low"], table["ci_high"])]
+            frames.append(table.assign(group=group, passes=f"{name} vs {names[0]}",
+                                       agree=pd.array(agree, dtype="boolean")))
+    columns = ["group", "passes", "case", "backend", "ms_base", "ms_new", "ratio", "ci_low", "ci_high", "agree",
+               "verdict", "drift_flag"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
-def spread_figure(pairs: pd.DataFrame) -> plt.Figure:
-    if pairs.empty:
-        return placeholder("Median spread across processes", "no (case, backend) measured in every process")
-    data = pairs.reset_index().assign(ms=pairs.filter(like="ms_median_").median(axis=1).to_numpy())
+def pair_table(groups: dict[str, dict[str, pd.DataFrame]], min_margin: float) -> pd.DataFrame:
+    frames = []
+    for group, passes in groups.items():
+        for name, rows in passes.items():
+            p = stats.pairs(rows, min_margin)
+            frames.append(p.assign(group=group, **{"pass": name},
+                                   case=[compare.case_text(r) for r in p.to_dict("records")],
+                                   ci_width=p["ratio_ci_high"] / p["ratio_ci_low"] - 1))
+    if not frames:
+        return pd.DataFrame(columns=["group", "case", "backend_a", "backend_b", "pass", "ratio", "ratio_ci_low",
+                                     "ratio_ci_high", "ci_width", "verdict", "agree"])
+    table = pd.concat(frames, ignore_index=True)
+    keys = ["group", "case_id", "backend_a", "backend_b"]
+    overlap = table.groupby(keys)[["ratio_ci_low", "ratio_ci_high"]].agg({"ratio_ci_low": "max",
+                                                                         "ratio_ci_high": "min"})
+    passes = table.groupby(keys)["pass"].nunique()
+    agree = (overlap["ratio_ci_low"] <= overlap["ratio_ci_high"]).astype("boolean").where(passes >= 2, pd.NA)
+    table = table.join(agree.rename("agree"), on=keys)
+    return table[["group", "case", "backend_a", "backend_b", "pass", "ratio", "ratio_ci_low", "ratio_ci_high",
+                  "ci_width", "verdict", "agree"]]
+
+
+def _display(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.map(lambda v: fmt(v) if not isinstance(v, (bool, str)) else str(v)).astype(str)
+
+
+def spread_figure(rows: pd.DataFrame) -> plt.Figure:
+    """Each (case, backend)'s ratio of a later pass over the first against the first pass's time, with its
+    95% interval: the passes agree where the bar crosses 1."""
+    rows = rows.dropna(subset=["ratio", "ms_base"])
+    if rows.empty:
+        return placeholder("Later passes over the first", "no (case, backend) measured in two passes")
     fig, ax = plt.subplots(figsize=(7, 4))
-    sns.scatterplot(data=data, x="ms", y="spread", hue="backend", style="mode", ax=ax)
-    ax.axhline(SPREAD_LIMIT, color="red", lw=1, ls="--", label=f"{SPREAD_LIMIT:.0%}")
-    ax.axvline(MIN_MS, color="black", lw=0.8, ls=":")
-    ax.set(xscale="log", xlabel="median time (ms)", ylabel="max / min median - 1",
-           title="Median spread across fresh processes")
-    ax.legend(fontsize=7)
+    for backend, sub in rows.groupby("backend", sort=True):
+        low = (sub["ratio"] - sub["ci_low"]).clip(lower=0).fillna(0)
+        high = (sub["ci_high"] - sub["ratio"]).clip(lower=0).fillna(0)
+        ax.errorbar(sub["ms_base"], sub["ratio"], yerr=[low, high], fmt="o", ms=4, capsize=2, label=backend)
+    ax.axhline(1, color="black", lw=0.8)
+    ax.set(xscale="log", xlabel="ms (first pass)", ylabel="median ratio, pass i / pass 1",
+           title="Timing across fresh processes: ratio with its 95% interval")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
     fig.tight_layout()
     return fig
 
 
-def build(rows: pd.DataFrame) -> StageOutputs:
-    """The stability stage's tables and figure from every process's rows (column ``process``)."""
-    n = rows["process"].nunique() if len(rows) else 0
-    where = f"{n} fresh processes; {device_text(rows)}" if len(rows) else "no rows"
-    caption = (f"Each (case, backend) timed again in {where}: each process's median time (ms) and coefficient "
-               "of variation, and the spread of the medians (max / min - 1).")
-    pairs = compare(rows) if len(rows) else pd.DataFrame()
-    totals = summary(pairs) if len(pairs) else pd.DataFrame()
-    summary_caption = (f"Per backend, over pairs slower than {MIN_MS} ms: how many, the largest CV and spread, and how "
-                       f"many stay within CV < {CV_LIMIT:.0%} and spread < {SPREAD_LIMIT:.0%}.")
-    tables = [Table("passes", caption, pairs, pairs.map(fmt)) if len(pairs) else
-              note_table("passes", caption, "no (case, backend) measured in every process"),
-              frame_table("summary", summary_caption, totals) if len(totals) else
-              note_table("summary", summary_caption, f"no pair slower than {MIN_MS} ms measured in every process")]
-    figure = Figure("spread", "The spread of each (case, backend)'s medians across processes against its median "
-                    f"time; dashed: {SPREAD_LIMIT:.0%}, dotted: {MIN_MS} ms.", spread_figure(pairs))
-    return StageOutputs(tables, [figure])
+def build(groups: dict[str, dict[str, pd.DataFrame]], threshold: float, min_margin: float) -> StageOutputs:
+    """``groups``: {group: {pass: rows}}, passes in order (the first is the base of the others)."""
+    rows, pairs = row_table(groups, threshold), pair_table(groups, min_margin)
+    agreed = rows["agree"].dropna()
+    share = f"{agreed.mean():.0%} of {len(agreed)}" if len(agreed) else "none"
+    widest = pairs["ci_width"].max() if len(pairs) else float("nan")
+    row_caption = (f"Each (case, backend) timed again in its own process, against the first pass: the ratio of "
+                   f"the passes' medians with the 95% interval their two intervals give (Altman & Bland 2003); "
+                   f"agree = the interval contains 1. Rows that agree: {share}.")
+    pair_caption = (f"Paired ratio (time_a / time_b, Student-t 95% interval over the rounds of one process) of "
+                    f"every two backends in each pass; ci_width = high / low - 1 (widest: "
+                    f"{fmt(widest * 100)}%); agree = the passes' intervals overlap.")
+    row_values = rows.set_index(["group", "passes", "case", "backend"])
+    pair_values = pairs.set_index(["group", "case", "backend_a", "backend_b", "pass"])
+    return StageOutputs([Table("stability", row_caption, row_values, _display(row_values), empty=rows.empty),
+                         Table("stability_pairs", pair_caption, pair_values, _display(pair_values), empty=pairs.empty)],
+                        [Figure("spread", "Each (case, backend) of a later pass over the first pass against its "
+                                "time, with the ratio's 95% interval (the passes agree where it crosses 1)",
+                                spread_figure(rows))])

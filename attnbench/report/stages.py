@@ -44,7 +44,7 @@ def _microbench(results: Path, parts: tuple[str, ...]) -> StageOutputs:
     from attnbench.report import backends, figures, tables, triton, workloads
 
     df = read_parquet(paths.within(results, paths.MERGED))
-    return StageOutputs(tables.build_tables(df) + backends.build_tables(df) + workloads.build_tables(df)
+    return StageOutputs(tables.build_tables(df, min_margin=report_settings(results)["min_margin"]) + backends.build_tables(df) + workloads.build_tables(df)
                         + [triton.versus_best_table(df)],
                         figures.build_figures(df) + workloads.build_figures(df))
 
@@ -62,15 +62,30 @@ def stability_part(part: str) -> dict[str, str]:
     return {"group": group, "index": process}
 
 
+def report_settings(results: Path) -> dict:
+    """The sweep's ``report`` section (``env/config.yaml``, written by the env job), else the schema's
+    defaults (a sweep folder assembled from committed rows has no config)."""
+    from attnbench.config import load_schema
+
+    defaults = {key: spec["default"] for key, spec in load_schema("report")["properties"].items() if "default" in spec}
+    config = paths.within(results, paths.ENV) / "config.yaml"
+    if not config.is_file():
+        return defaults
+    import yaml
+
+    return {**defaults, **(yaml.safe_load(config.read_text()) or {}).get("report", {})}
+
+
 def _stability(results: Path, parts: tuple[str, ...]) -> StageOutputs:
     from attnbench.report import stability
 
-    frames = []
-    for part in parts:
+    groups: dict[str, dict[str, pd.DataFrame]] = {}
+    for part in sorted(parts, key=lambda p: (stability_part(p)["group"], int(stability_part(p)["index"]))):
         wildcards = stability_part(part)
-        frame = read_parquet(paths.within(results, paths.STABILITY, **wildcards))
-        frames.append(frame.assign(process=int(wildcards["index"])))
-    return stability.build(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+        groups.setdefault(wildcards["group"], {})[wildcards["index"]] = read_parquet(
+            paths.within(results, paths.STABILITY, **wildcards))
+    settings = report_settings(results)
+    return stability.build(groups, settings["compare_threshold"], settings["min_margin"])
 
 
 def _hbm(results: Path, parts: tuple[str, ...]) -> StageOutputs:
@@ -124,8 +139,7 @@ STAGE_REPORTS: dict[str, StageReport] = {s.stage: s for s in (
     StageReport("env", "Environment and measured ceilings",
                 lambda parts: (("ceilings", "provenance", "backends"), ()), _env),
     StageReport("microbench", "Microbenchmarks", _microbench_names, _microbench),
-    StageReport("stability", "Timing stability across processes", lambda parts: (("passes", "summary"), ("spread",)),
-                _stability),
+    StageReport("stability", "Timing stability across processes", _fixed("stability"), _stability),
     StageReport("hbm", "HBM traffic and the KV-cache ledger", _fixed("hbm"), _hbm),
     StageReport("triton", "Our Triton kernels: the compiler's report", lambda parts: (("compiler",), ()), _triton),
     StageReport("pretrain", "Pretraining experiments", _pretrain_names, _pretrain),

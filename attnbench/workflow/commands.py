@@ -2,7 +2,7 @@
 
   env            write the effective config and the versions/provenance of this host
   guard          run a results job; a crash becomes error rows for the cases it did not finish
-  lease          run any command on a leased GPU (CUDA_VISIBLE_DEVICES set)
+  lease          run a command under its device's timing lock (a leased GPU with CUDA_VISIBLE_DEVICES, or the CPU)
   rule-backend   `cases`: a job's cases as TSV; `ingest`: a command's timings as results rows
   schema         print or write a generated schema (results)
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -65,15 +64,10 @@ def _cmd_guard(args) -> int:
 
 
 def _cmd_lease(args) -> int:
-    from attnbench.workflow import process
-    from attnbench.workflow.lease import gpu_lease
+    from attnbench.workflow.lease import run_leased, visible_devices
 
-    with gpu_lease() as device:
-        print(f"attnbench lease: GPU {device}", file=sys.stderr)
-        try:  # in its own process group, stopped as a whole when the lease is stopped
-            return process.run(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device}).code
-        except process.Stopped as stop:
-            return 128 + stop.signum
+    device = args.device if args.device != "auto" else ("cuda" if visible_devices() else "cpu")
+    return run_leased(_inner(args), device, untimed=args.untimed)
 
 
 def _cmd_rule_cases(args) -> int:
@@ -126,7 +120,11 @@ def add_commands(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the job's command")
     p.set_defaults(func=_cmd_guard)
 
-    p = sub.add_parser("lease", help="run a command on one leased GPU")
+    p = sub.add_parser("lease", help="run a command under its device's timing lock (one GPU, or the whole CPU)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="the device the command times on (auto: cuda when a GPU is visible)")
+    p.add_argument("--untimed", action="store_true",
+                   help="the command needs the device but times nothing: no CPU lock (a GPU is still leased)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command")
     p.set_defaults(func=_cmd_lease)
 

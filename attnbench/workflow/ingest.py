@@ -6,7 +6,10 @@ The contract is two tab-separated files:
   a header: :data:`CASE_COLUMNS` (``causal`` as 0/1).
 * The backend's command reads them and prints one line per case it ran or
   refused, with a header: ``case_id status ms_median ms_p20 ms_p80 n_reps`` and
-  optionally ``rel_err max_abs_err reason``. ``status`` is ``ok``,
+  optionally ``ms_ci_low ms_ci_high`` (its own 95% interval of the median: with
+  them its rows can be compared with other backends' within noise,
+  docs/statistics.md; without them nothing is claimed about them) and
+  ``rel_err max_abs_err reason``. ``status`` is ``ok``,
   ``unsupported`` (say why in ``reason``) or ``error``.
 
 ``attnbench rule-backend ingest`` turns those lines into results rows: case
@@ -107,7 +110,7 @@ def _measured(row: dict, line: pd.Series) -> None:
                n_reps=int(line["n_reps"]), tflops=row["flops"] / seconds / 1e12,
                gbps=row["bytes_model"] / seconds / 1e9,
                intensity=conventions.intensity(row["flops"], row["bytes_model"]))
-    for name in ("rel_err", "max_abs_err"):
+    for name in ("ms_ci_low", "ms_ci_high", "rel_err", "max_abs_err"):
         value = line.get(name)
         row[name] = float(value) if value is not None and not pd.isna(value) else math.nan
     if not math.isnan(row["peak_flops"]):

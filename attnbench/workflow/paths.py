@@ -28,8 +28,9 @@ JOB_BENCHMARK = BENCHMARKS + "/{stage}/{name}.tsv"
 MICROBENCH = RESULTS + "/microbench/{group}.parquet"  # one job per group, its Python backends interleaved
 MICROBENCH_RULE = RESULTS + "/microbench/{backend}/{group}.parquet"  # a backend added as a Snakemake rule
 MERGED = RESULTS + "/microbench.parquet"  # every microbench row of the sweep, validated and joined
+COMPARE = RESULTS + "/compare/compare.md"  # `snakemake compare`: this sweep against config `baseline`
 
-STABILITY = RESULTS + "/stability/{group}/{index}.parquet"
+STABILITY = RESULTS + "/stability/{group}/{index}.parquet"  # one pass: its own `attnbench microbench` process
 HBM_PART = RESULTS + "/hbm/parts/{group}/{backend}.parquet"
 HBM_TABLE = RESULTS + "/hbm/hbm.parquet"
 HBM_LEDGER = RESULTS + "/hbm/ledger.parquet"

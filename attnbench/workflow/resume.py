@@ -100,8 +100,8 @@ def write_side(df: pd.DataFrame, out: str | Path, job_fingerprint: str) -> None:
 
 
 class StreamingRows(list):
-    """The rows list a job passes to ``run_group``: each appended row is also written to the side file,
-    so a job killed at any point keeps every row it finished."""
+    """The rows list a job passes to ``run_group``: rows appended (one at a time, or a case's rows together)
+    are also written to the side file, so a job killed at any point keeps every row it finished."""
 
     def __init__(self, on_append: Callable[[list[dict]], None]):
         super().__init__()
@@ -109,6 +109,10 @@ class StreamingRows(list):
 
     def append(self, row: dict) -> None:
         super().append(row)
+        self._on_append(self)
+
+    def extend(self, rows) -> None:
+        super().extend(rows)
         self._on_append(self)
 
 

@@ -388,3 +388,12 @@ def test_cli_train_and_experiment_list(tmp_path, capsys):
     assert out["run"] == "layouts/mqa" and out["status"] == "ok"
     assert main(["train", "--config", str(path), "--run", "layouts/gqa", "--out", str(tmp_path / "x")]) == 2
     assert "allowed: layouts/mha, layouts/mqa, layouts/mla" in capsys.readouterr().err
+
+
+def test_tokens_per_joule_over_the_warm_steps():
+    from attnbench.train.loop import tokens_per_joule
+
+    steps = pd.DataFrame({"tokens_per_s": [1000.0] * 20, "step_s": [0.5] * 20,  # 500 tokens a step
+                          "energy_j": [99.0] * 2 + [2.0] * 18})  # the first tenth (warm-up) is left out
+    assert tokens_per_joule(steps) == 250.0
+    assert math.isnan(tokens_per_joule(steps.assign(energy_j=float("nan"))))  # CPU, or no NVML

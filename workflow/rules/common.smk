@@ -58,8 +58,13 @@ ON_GPU = PLAN.device == "cuda"
 # A GPU job takes one GPU (a `gpu` token, plus the lease that sets CUDA_VISIBLE_DEVICES) and a few cores.
 CORES = workflow.cores or 1  # unset in some modes (e.g. --lint without a profile)
 JOB_THREADS = min(4, CORES) if ON_GPU else CORES
-# The one lease mechanism: every job that uses the GPU runs under `attnbench lease`.
-LEASE = "attnbench lease --" if ON_GPU else ""
+# The one lease mechanism (attnbench.workflow.lease): every job that times something, or uses the GPU, runs
+# under `attnbench lease`, which holds its device's timing lock host-wide (a GPU, or the whole CPU) whatever
+# --cores says, so timing jobs of this sweep and of any other sweep on the host never overlap.
+LEASE = f"attnbench lease --device {PLAN.device} --"
+# A job that needs the device but times nothing (compiling kernels, reading the compiler's report): a GPU
+# is still leased, the CPU is not locked.
+LEASE_UNTIMED = f"attnbench lease --device {PLAN.device} --untimed --"
 
 
 def stage_outputs(stage, parts=()):

@@ -17,8 +17,9 @@ rule context_pretrain:
     benchmark:
         job_benchmark("context", "capability-pretrain")
     params:
-        lease=LEASE,
-    # training, not timing: one thread on a CPU, so the capability jobs run side by side
+        # training, not timing: a GPU is leased, but on a CPU no timing lock is taken
+        lease=LEASE if ON_GPU else "",
+    # one thread on a CPU, so the capability jobs run side by side
     threads: JOB_THREADS if ON_GPU else 1
     resources:
         gpu=int(ON_GPU),
@@ -42,7 +43,7 @@ rule context_evaluate:
     wildcard_constraints:
         method=NAME,
     params:
-        lease=LEASE,
+        lease=LEASE if ON_GPU else "",  # evaluation, not timing: as context_pretrain
     threads: JOB_THREADS if ON_GPU else 1
     resources:
         gpu=int(ON_GPU),

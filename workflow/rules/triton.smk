@@ -15,7 +15,7 @@ rule triton_precompile:
     benchmark:
         job_benchmark("precompile", "triton")
     params:
-        lease=LEASE,
+        lease=LEASE_UNTIMED,
     threads: CORES
     resources:
         gpu=int(ON_GPU),
@@ -35,7 +35,7 @@ rule triton_report:
     benchmark:
         job_benchmark("triton", "compiler")
     params:
-        lease=LEASE,
+        lease=LEASE_UNTIMED,
     threads: JOB_THREADS
     resources:
         gpu=int(ON_GPU),
