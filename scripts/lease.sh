@@ -13,7 +13,7 @@
 #   4. runs `snakemake --configfile config/sweeps/<sweep>.yaml`; a cut call leaves a sweep that the next call
 #      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete);
 #   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz.
-# Provenance comes from git inside the jobs: carry .git with the working tree (a tree with uncommitted
+# Provenance comes from git inside the jobs: carry a copy of .git and set GIT_DIR (docs/reference-runs.md; a tree with uncommitted
 # changes writes git_sha <sha>-dirty, and such rows are never committed as reference).
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder whose files come back}
