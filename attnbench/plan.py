@@ -164,7 +164,7 @@ class Plan:
     hbm: dict[str, Group] = field(default_factory=dict)
     context_cost: dict[str, Group] = field(default_factory=dict)
     capability: dict | None = None
-    pretrain: dict[str, list] = field(default_factory=dict)  # experiment -> RunSpecs
+    pretrain: dict[str, object] = field(default_factory=dict)  # experiment -> train.experiments.ExperimentPlan
     triton: dict[str, Group] = field(default_factory=dict)
 
     @property
@@ -240,10 +240,10 @@ class Plan:
             out += capability_jobs(self.capability, self.sweep, self.device)
             out.append(rope_overhead_job(self.context_cost, self.capability, self.sweep, self.device))
         pre = self.view["pretrain"]
-        for experiment, runs in self.pretrain.items():
+        for experiment, exp in self.pretrain.items():
             out.append(Job("pretrain", experiment, {
                 "stage": "pretrain", "sweep": self.sweep, "device": self.device, "experiment": experiment,
-                "runs": [spec.to_dict() for spec in runs], "time_limit_s": pre["time_limit_s"],
+                "runs": [spec.to_dict() for spec in exp.runs], "train": exp.train, "time_limit_s": pre["time_limit_s"],
                 "compile_fallback": pre["compile_fallback"], "threads": pre["threads"]}))
         out += [self.results_job("triton", g) for g in self.triton]
         return out
