@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import json
 import math
 import sys
@@ -344,8 +345,9 @@ def _label(arm: str, variant: str, reference: str, row: dict, ref_row: dict) -> 
         return f"{row.get('backend', variant)} vs {reference}"
     if arm == "precision":
         return f"{row.get('precision')} vs {ref_row.get('precision')} ({reference})"
-    what = "init seed" if arm == "init_seed" else "data order"
-    return f"{what} swap ({reference})"
+    if arm in ("init_seed", "data_order"):
+        return f"{'init seed' if arm == 'init_seed' else 'data order'} swap ({reference})"
+    return f"{variant} vs {reference}"  # a role this module does not plan (rows of an older layout): its own arm
 
 
 def divergence_pairs(rows: list[dict]) -> list[dict]:
@@ -359,7 +361,7 @@ def divergence_pairs(rows: list[dict]) -> list[dict]:
             ref_row = by_key.get((ref, int(r["seed"])))
             if ref_row is None:
                 continue
-            arm = ARM_OF_ROLE[r["role"]]
+            arm = ARM_OF_ROLE.get(r["role"], r["role"])
             pairs.append({"arm": arm, "label": _label(arm, r["variant"], ref, r, ref_row), "reference": ref,
                           "variant": r["variant"], "seed": int(r["seed"]), "run": r["run"],
                           "reference_run": ref_row["run"]})
@@ -373,15 +375,15 @@ def _spec_rows(specs: list[RunSpec]) -> list[dict]:
 def divergence_frame(specs: list[RunSpec], out: Path, device: str = "cpu") -> pd.DataFrame:
     """Weight divergence of every pair (:func:`divergence_pairs`) at each snapshot both runs saved (on ``device``)."""
     by_name = {s.name: s for s in specs}
+    load = functools.lru_cache(maxsize=16)(lambda path: torch.load(path, weights_only=True))  # references recur
     rows = []
-    for pair in divergence_pairs(_spec_rows(specs)):
+    for pair in sorted(divergence_pairs(_spec_rows(specs)), key=lambda p: p["reference_run"]):
         ref, other = by_name[pair["reference_run"]], by_name[pair["run"]]
         for step in ref.train.snapshot_steps:
             a, b = (run_dir(out, s) / "snapshots" / f"{step}.pt" for s in (ref, other))
             if not (a.is_file() and b.is_file()):
                 continue
-            div = stability.weight_divergence(torch.load(a, weights_only=True), torch.load(b, weights_only=True),
-                                              device)
+            div = stability.weight_divergence(load(a), load(b), device)
             rows.append({k: pair[k] for k in ("arm", "label", "reference", "variant", "seed")} | {"step": step, **div})
     return pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS)
 
@@ -450,7 +452,7 @@ def divergence_summary(div: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         frame["over_replicate"] = frame["rel_l2_mean"] / frame["replicate_rel_l2"]
     order = {a: i for i, a in enumerate(ARMS)}
-    return frame.assign(_o=frame["arm"].map(order)).sort_values(["_o", "label"], kind="stable").drop(columns="_o")
+    return frame.assign(_o=frame["arm"].map(order).fillna(len(ARMS))).sort_values(["_o", "label"], kind="stable").drop(columns="_o")
 
 
 def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:

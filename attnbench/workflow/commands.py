@@ -65,11 +65,13 @@ def _cmd_guard(args) -> int:
 
 
 def _cmd_lease(args) -> int:
+    from attnbench.train.sharing import LEASE_ENV
     from attnbench.workflow.lease import gpu_lease
 
     with gpu_lease() as device:
         print(f"attnbench lease: GPU {device}", file=sys.stderr)
-        return subprocess.call(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device})
+        # the leased id for the child's records (training summaries' gpu_lease), beside its one visible device
+        return subprocess.call(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device, LEASE_ENV: device})
 
 
 def _cmd_rule_cases(args) -> int:

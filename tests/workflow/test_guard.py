@@ -84,8 +84,10 @@ def test_lease_command_sets_cuda_visible_devices(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     out = tmp_path / "seen.txt"
     code = main(["lease", "--", sys.executable, "-c",
-                 f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])"])
-    assert code == 0 and out.read_text() == "7" and os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+                 f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'] + ' ' "
+                 "+ os.environ['ATTNBENCH_GPU_LEASE'])"])
+    assert code == 0 and out.read_text() == "7 7" and os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+    assert "ATTNBENCH_GPU_LEASE" not in os.environ  # the child's record of its lease, not this process's
 
 
 def test_rule_backend_contract(plan, tmp_path):
