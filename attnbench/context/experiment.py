@@ -182,7 +182,8 @@ def load_data(spec: dict) -> TokenData:
 
 
 def pretrain(spec: dict, device: str, run_dir: str | Path, log: Log = _stderr, progress: bool = True) -> dict:
-    """Pretrain at L with plain RoPE into ``run_dir``; returns a checkpoint dict (config, weights, losses, provenance)."""
+    """Pretrain at L with plain RoPE into ``run_dir``; returns a checkpoint dict (config, weights, losses,
+    provenance)."""
     check_spec(spec)
     data = load_data(spec)
     cfg = _model_config(spec, rope_config(spec, "none", 1.0), spec["train_len"])

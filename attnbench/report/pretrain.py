@@ -191,8 +191,8 @@ def lr_outputs(runs, steps) -> tuple[list[Table], list[plt.Figure]]:
 # ---------------------------------------------------------------- FP8
 
 _SPEED_NOTE = ("tokens_per_s: median of the per-step rate after the first 10% of steps, tokens_per_s_iqr its "
-               "interquartile range; mfu against the matmul ceiling in peak_flops_source; gpu_sharing: alone / shared / "
-               "unchecked (attnbench.train.sharing). Emulated runs claim no speed.")
+               "interquartile range; mfu against the matmul ceiling in peak_flops_source; gpu_sharing: alone / "
+               "shared / unchecked (attnbench.train.sharing). Emulated runs claim no speed.")
 
 
 def fp8_outputs(runs, steps, layers) -> tuple[list[Table], list[plt.Figure]]:
@@ -203,10 +203,11 @@ def fp8_outputs(runs, steps, layers) -> tuple[list[Table], list[plt.Figure]]:
         long.columns = [f"{v}/s{s}" for v, s in long.columns]
     per_layer = ex.fp8_layers_frame(runs, layers)
     tables = [_table("fp8", "FP8 recipes and a SwiGLU MLP with and without Smooth-SwiGLU (Fishman et al. 2024) "
-                     "against the baseline (the first precision at every seed): gap = val loss minus the baseline's "
-                     "mean (a SwiGLU run: minus the SwiGLU run at the baseline precision) at the last eval step; band = "
-                     "the baseline seeds' range around their mean there; gap_opens_at_step = the first eval step from "
-                     "which the gap stays outside the band (empty: it never does). " + _SPEED_NOTE +
+                     "against the baseline: gap = val loss minus that of the baseline precision's run with the same "
+                     "MLP and seed (same initial weights and batches) at the last eval step; band = +- the largest "
+                     "distance of a baseline seed from the seeds' mean there (how far another seed moves the loss); "
+                     "gap_opens_at_step = the first eval step from which the gap stays outside the band (empty: it "
+                     "never does). " + _SPEED_NOTE +
                      f" {_runs_note(runs)} {_device(runs)}.",
                      _or_note(frame, ["variant", "seed"], "no run")),
               _table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor, summed over "
@@ -230,10 +231,11 @@ def _fp8_gap_figure(runs, steps) -> plt.Figure:
     band = gaps.groupby("step")[["band_low", "band_high"]].first().dropna()
     if len(band):
         ax.fill_between(band.index, band["band_low"], band["band_high"], color="grey", alpha=0.3,
-                        label="baseline seeds' range")
+                        label="+- the baseline seeds' largest distance from their mean")
     sns.lineplot(data=gaps, x="step", y="gap", hue="variant", units="run", estimator=None, ax=ax)
     ax.axhline(0, color="black", lw=0.5)
-    ax.set(ylabel="val loss - baseline", title="FP8 loss gap over steps against the baseline seeds' band")
+    ax.set(ylabel="val loss - baseline at the same seed",
+           title="FP8 loss gap over steps against the baseline seeds' noise band")
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
     fig.tight_layout()
     return fig

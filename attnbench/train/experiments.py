@@ -414,7 +414,7 @@ def loss_divergence_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
         gap = (_loss(steps, run["run"]) - _loss(steps, ref["run"])).dropna()
         rows.append({**{k: pair[k] for k in ("arm", "label", "reference", "variant", "seed")},
                      "status": bad[0]["status"] if bad else "ok",
-                     "reason": f"{bad[0]['run']}: {bad[0].get('reason', '')}" if bad else "",
+                     "reason": f"{bad[0]['variant']}: {bad[0].get('reason', '')}" if bad else "",
                      "steps_compared": len(gap), "final_val_loss": run.get("final_val_loss", math.nan),
                      "val_loss_gap": run.get("final_val_loss", math.nan) - ref.get("final_val_loss", math.nan),
                      "train_loss_gap_rms": float((gap ** 2).mean() ** 0.5) if len(gap) else math.nan,
@@ -452,7 +452,8 @@ def divergence_summary(div: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         frame["over_replicate"] = frame["rel_l2_mean"] / frame["replicate_rel_l2"]
     order = {a: i for i, a in enumerate(ARMS)}
-    return frame.assign(_o=frame["arm"].map(order).fillna(len(ARMS))).sort_values(["_o", "label"], kind="stable").drop(columns="_o")
+    frame = frame.assign(_o=frame["arm"].map(order).fillna(len(ARMS)))
+    return frame.sort_values(["_o", "label"], kind="stable").drop(columns="_o")
 
 
 def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:
@@ -567,13 +568,14 @@ def lr_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def fp8_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per eval step and run: val loss minus the baseline's, beside the baseline seeds' band.
+    """Per eval step and run: val loss minus its baseline's, beside the baseline seeds' noise band.
 
-    The baseline is the first precision's runs on the base model (one per seed): their mean val loss
-    at each eval step, and the band is their range around that mean (min - mean .. max - mean). A
-    SwiGLU run is compared with the SwiGLU run at the baseline precision when there is one (with or
-    without Smooth-SwiGLU, which is the same function outside FP8 casts; the band stays the base
-    model's: the seed noise of one configuration, used as the noise of the other).
+    The baseline of a run is the run at the first precision with the same MLP and the same seed (the
+    same initial weights and batch order, so the difference is the recipe's; a Smooth-SwiGLU run is
+    paired with the SwiGLU run when it has none of its own, the same function outside FP8 casts),
+    else the base model's run at that seed. The band is how far another seed moves the loss: at
+    each eval step, +- the largest distance of a baseline seed (the first precision on the base
+    model, one run per seed) from their mean. A gap outside it is an effect larger than the seed's.
     """
     cols = ["run", "variant", "step", "val_loss", "baseline", "gap", "band_low", "band_high"]
     if steps.empty or "val_loss" not in steps or runs.empty:
@@ -582,22 +584,24 @@ def fp8_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     trained = runs[runs["status"].isin(TRAINED)]
     if trained.empty:
         return pd.DataFrame(columns=cols)
-    base_precision = runs["precision"].iloc[0]
-    base_mlp = runs["mlp_variant"].iloc[0]
-    seeds = trained[(trained["precision"] == base_precision) & (trained["mlp_variant"] == base_mlp)]
+    base_precision, base_mlp = runs["precision"].iloc[0], runs["mlp_variant"].iloc[0]
+    at_base = trained[trained["precision"] == base_precision]
+    seeds = at_base[at_base["mlp_variant"] == base_mlp]
     curves = val[val["run"].isin(seeds["run"])].pivot_table(index="step", columns="run", values="val_loss")
-    mean = curves.mean(axis=1)
-    band = pd.DataFrame({"band_low": curves.min(axis=1) - mean, "band_high": curves.max(axis=1) - mean})
+    half = curves.sub(curves.mean(axis=1), axis=0).abs().max(axis=1)
+    band = pd.DataFrame({"band_low": -half, "band_high": half})
+    family = at_base["mlp_variant"].str.removeprefix("smooth-")
     rows = []
     for _, r in trained.iterrows():
+        same_seed = at_base["seed"] == r["seed"]
+        candidates = [at_base[same_seed & (at_base["mlp_variant"] == r["mlp_variant"])],
+                      at_base[same_seed & (family == r["mlp_variant"].removeprefix("smooth-"))],
+                      at_base[same_seed & (at_base["mlp_variant"] == base_mlp)]]
+        ref_run = next((c["run"].iloc[0] for c in candidates if len(c)), None)
+        if ref_run is None:
+            continue
         own = val[val["run"] == r["run"]].set_index("step")["val_loss"]
-        ref = mean
-        if r["mlp_variant"] != base_mlp:  # the same MLP at the baseline precision: the exact variant, else its family
-            family = trained["mlp_variant"].str.removeprefix("smooth-") == r["mlp_variant"].removeprefix("smooth-")
-            same = trained[family & (trained["precision"] == base_precision)]
-            same = same.assign(_exact=same["mlp_variant"] != r["mlp_variant"]).sort_values("_exact", kind="stable")
-            if len(same):
-                ref = val[val["run"] == same["run"].iloc[0]].set_index("step")["val_loss"]
+        ref = val[val["run"] == ref_run].set_index("step")["val_loss"]
         frame = pd.DataFrame({"val_loss": own, "baseline": ref}).dropna().join(band, how="left")
         frame["gap"] = frame["val_loss"] - frame["baseline"]
         rows.append(frame.reset_index().rename(columns={"index": "step"}).assign(run=r["run"], variant=r["variant"]))
@@ -616,8 +620,8 @@ def gap_opens(gaps: pd.DataFrame) -> float:
 
 
 def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per run: status, final val loss, its gap to the baseline with the band at the last eval step, the step the
-    gap opens at (:func:`gap_opens`), spike scores, speed and whether the GPU was its own."""
+    """Per run: status, final val loss, its gap to its baseline (:func:`fp8_gap_frame`) with the band at the last
+    eval step, the step the gap opens at (:func:`gap_opens`), spike scores, speed and whether the GPU was its own."""
     gaps = fp8_gap_frame(runs, steps)
     rows = []
     for _, r in runs.iterrows():
@@ -633,7 +637,8 @@ def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                      "steps_done": r.get("steps_done", math.nan),
                      "spike_score_olmo2_paper_loss": r.get("spike_score_olmo2_paper_loss", math.nan),
                      "spike_score_olmo_core_any": r.get("spike_score_olmo_core_any", math.nan),
-                     "tokens_per_s": r.get("tokens_per_s", math.nan), "tokens_per_s_iqr": r.get("tokens_per_s_iqr", math.nan),
+                     "tokens_per_s": r.get("tokens_per_s", math.nan),
+                     "tokens_per_s_iqr": r.get("tokens_per_s_iqr", math.nan),
                      "mfu": r.get("mfu", math.nan), "gpu_sharing": r.get("gpu_sharing", ""),
                      "reason": r.get("reason", "")})
     return pd.DataFrame(rows)
@@ -680,10 +685,10 @@ def fp8_layers_frame(runs: pd.DataFrame, layers: pd.DataFrame, module: str = "ml
 # ---------------------------------------------------------------- spikes and layouts
 
 
-SPIKE_COLUMNS = ["steps_done", "spike_score_olmo2_paper_loss", "spike_score_olmo2_paper_grad", "spike_scored_olmo2_paper",
-                 "spike_min_jump_olmo2_paper_loss", "spike_score_olmo_core_loss", "spike_score_olmo_core_grad",
-                 "spike_score_olmo_core_any", "spike_span_olmo_core", "spike_min_jump_olmo_core_loss",
-                 "zscore_exceed_loss", "zscore_exceed_grad", "nonfinite_steps"]
+SPIKE_COLUMNS = ["steps_done", "spike_score_olmo2_paper_loss", "spike_score_olmo2_paper_grad",
+                 "spike_scored_olmo2_paper", "spike_min_jump_olmo2_paper_loss", "spike_score_olmo_core_loss",
+                 "spike_score_olmo_core_grad", "spike_score_olmo_core_any", "spike_span_olmo_core",
+                 "spike_min_jump_olmo_core_loss", "zscore_exceed_loss", "zscore_exceed_grad", "nonfinite_steps"]
 
 
 def spike_frame(runs: pd.DataFrame) -> pd.DataFrame:

@@ -53,7 +53,8 @@ from attnbench.errors import ConfigError
 from attnbench.errors import reject_unknown_keys
 from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.train import stability
-from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend
+from attnbench.train.attention_backend import (BackendUnavailable, BackendUnsupported, check_backend,
+                                               fastest_backend)
 from attnbench.train.data import BatchSource, DataConfig, load_tokens
 from attnbench.train.sharing import GpuSharing
 from attnbench.train.precision import (PRECISIONS, Fp8StatsRecorder, PrecisionUnavailable, apply_precision,
@@ -399,7 +400,7 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
     try:
         run.build(ckpt["backend"] if ckpt else None, init_state if ckpt is None else None)
     except (PrecisionUnavailable, BackendUnsupported) as err:
-        status = "unavailable" if isinstance(err, PrecisionUnavailable) else "unsupported"
+        status = "unavailable" if isinstance(err, (PrecisionUnavailable, BackendUnavailable)) else "unsupported"
         summary = {**base, "backend": spec.model.backend, "status": status, "reason": str(err),
                    **_provenance(device)}
         _write_json(summary, summary_path)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from attnbench.failures import first_line
+
 LEASE_ENV = "ATTNBENCH_GPU_LEASE"
 
 
@@ -50,7 +52,7 @@ class GpuSharing:
         try:
             self.handle = _nvml_handle()
         except Exception as err:  # no nvidia-ml-py, no driver access
-            self.why = f"unchecked: NVML unavailable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            self.why = f"unchecked: NVML unavailable ({first_line(err)})"
 
     def sample(self) -> None:
         if self.handle is None:

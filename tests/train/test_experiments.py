@@ -112,11 +112,11 @@ def test_divergence_in_two_parts_with_intervals_tables_and_figures(tmp_path):
     runs = first["runs"].set_index("run")
     assert (runs.loc[runs.index.str.endswith("/s1"), "status"] == "skipped").all()
     assert "not selected" in runs.loc["divergence/sdpa-math/s1", "reason"]
-    assert runs.loc["divergence/sdpa-cudnn/s0", "status"] == "unsupported"  # no CUDA here: a row with the reason
+    assert runs.loc["divergence/sdpa-cudnn/s0", "status"] == "unavailable"  # no CUDA here: a row with the reason
     config["pretrain"]["select"]["runs"] = ["divergence/*/s1"]  # the second part: seed 1; seed 0 is read back
     frames = ex.run_experiment(_job(config, "divergence"), tmp_path / "exp", progress=False, peak_cache=dict(PEAKS))
     runs = frames["runs"].set_index("run")
-    assert set(runs["status"]) == {"ok", "unsupported"} and len(runs) == 18
+    assert set(runs["status"]) == {"ok", "unavailable"} and len(runs) == 18
     div = frames["divergence"]
     assert set(div["seed"]) == {0, 1} and set(div["step"]) == {0, 4, 8}
     at0 = div[div["step"] == 0]
@@ -131,7 +131,7 @@ def test_divergence_in_two_parts_with_intervals_tables_and_figures(tmp_path):
     rep = summary.loc["sdpa-math replicate"]
     assert rep["identical"] and rep["rel_l2_mean"] == 0 and rep["seeds_ok"] == 2 and rep["val_loss_gap_mean"] == 0
     cudnn = summary.loc["sdpa-cudnn vs sdpa-math"]
-    assert cudnn["status"] == "unsupported" and cudnn["seeds_ok"] == 0 and "sdpa-cudnn" in cudnn["reason"]
+    assert cudnn["status"] == "unavailable" and cudnn["seeds_ok"] == 0 and "sdpa-cudnn" in cudnn["reason"]
     init = summary.loc["init seed swap (sdpa-math)"]
     assert init["rel_l2_n"] == 2 and init["rel_l2_ci_low"] < init["rel_l2_mean"] < init["rel_l2_ci_high"]
     assert math.isinf(init["over_replicate"])  # any divergence is infinitely above a zero floor
@@ -182,15 +182,19 @@ def test_fp8_gap_opens_where_it_leaves_the_baseline_seeds_band_for_good():
                           "mlp_variant": "swiglu" if "swiglu-bf16" in r else "smooth-swiglu" if "smooth" in r else
                           "gelu", "final_val_loss": v[-1]} for r, v in val.items()])
     step_rows = pd.DataFrame([{"run": r, "step": s, "val_loss": x} for r, v in val.items() for s, x in zip(steps, v)])
+    runs.loc[runs["run"] == "fp8/bf16/s1", "seed"] = 1
     gaps = ex.fp8_gap_frame(runs, step_rows)
     tw = gaps[gaps["run"] == "fp8/tw/s0"].set_index("step")
-    assert tw.loc[10, "gap"] == pytest.approx(-0.01) and tw.loc[10, "band_high"] == pytest.approx(0.05)
+    # paired with bf16 at its own seed; the band is +- how far a bf16 seed lies from the seeds' mean (0.05)
+    assert tw.loc[10, "gap"] == pytest.approx(0.04) and tw.loc[10, "band_high"] == pytest.approx(0.05)
+    assert tw.loc[10, "band_low"] == pytest.approx(-0.05)
     assert ex.gap_opens(gaps[gaps["run"] == "fp8/tw/s0"]) == 20  # inside the band at 10, outside from 20 on
-    assert math.isnan(ex.gap_opens(gaps[gaps["run"] == "fp8/bf16/s0"]))  # a baseline seed sits on the band's edge
+    assert (gaps[gaps["run"].str.startswith("fp8/bf16")]["gap"] == 0).all()  # a baseline seed is its own pair
     smooth = gaps[gaps["run"] == "fp8/smooth-swiglu-tw/s0"]
-    assert (smooth["gap"] == 0).all()  # a SwiGLU run is compared with the SwiGLU baseline when there is one
+    assert (smooth["gap"] == 0).all()  # paired with the SwiGLU run: Smooth-SwiGLU has no bf16 run of its own here
     table = ex.fp8_frame(runs, step_rows).set_index("variant")
-    assert table.loc["tw", "gap_opens_at_step"] == 20 and table.loc["tw", "gap"] == pytest.approx(0.35)
+    assert table.loc["tw", "gap_opens_at_step"] == 20 and table.loc["tw", "gap"] == pytest.approx(0.4)
+    assert math.isnan(table.loc["bf16", "gap_opens_at_step"].iloc[0])
 
 
 def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
