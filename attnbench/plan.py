@@ -168,7 +168,7 @@ class Plan:
     hbm: dict[str, Group] = field(default_factory=dict)
     context_cost: dict[str, Group] = field(default_factory=dict)
     capability: dict | None = None
-    pretrain: dict[str, list] = field(default_factory=dict)  # experiment -> RunSpecs
+    pretrain: dict[str, object] = field(default_factory=dict)  # experiment -> train.experiments.ExperimentPlan
     triton: dict[str, Group] = field(default_factory=dict)
 
     @property
@@ -247,10 +247,10 @@ class Plan:
             out += capability_jobs(self.capability, self.sweep, self.device)
             out.append(rope_overhead_job(self.context_cost, self.capability, self.sweep, self.device))
         pre = self.view["pretrain"]
-        for experiment, runs in self.pretrain.items():
+        for experiment, exp in self.pretrain.items():
             out.append(Job("pretrain", experiment, {
                 "stage": "pretrain", "sweep": self.sweep, "device": self.device, "experiment": experiment,
-                "runs": [spec.to_dict() for spec in runs], "time_limit_s": pre["time_limit_s"],
+                "runs": [spec.to_dict() for spec in exp.runs], "train": exp.train, "time_limit_s": pre["time_limit_s"],
                 "compile_fallback": pre["compile_fallback"], "threads": pre["threads"]}))
         out += self.triton_jobs()
         return out
@@ -457,7 +457,7 @@ def check_data_files(plan: Plan) -> None:
     from attnbench.train.data import DataConfig, check_source
 
     merged = " (with its cuda block merged)" if plan.device == "cuda" else ""
-    for data in {spec.data for runs in plan.pretrain.values() for spec in runs}:
+    for data in {spec.data for experiment in plan.pretrain.values() for spec in experiment.runs}:
         check_source(data, f"pretrain.data{merged}")
     if plan.capability is not None:
         check_source(DataConfig.from_dict(plan.capability["data"]), f"context.capability.data{merged}")

@@ -1,7 +1,9 @@
 """``attnbench context ...``: the context-extension stage's subcommands (listed in cli.COMMAND_MODULES).
 
-  context pretrain       pretrain the tiny GPT at context.capability.train_len; write a checkpoint
-  context evaluate       one RoPE method's variants (no fine-tune and fine-tuned) scored at every length
+  context pretrain       pretrain the tiny GPT at context.capability.train_len (run directory: the checkpoint's
+                         path without .pt); write a checkpoint
+  context evaluate       one RoPE method's variants (no fine-tune and fine-tuned, their runs under the output's
+                         path without .parquet) scored at every length
   context rope-overhead  time the cos/sin tables and q/k rotation per method and length
   context merge          merge the capability parts and the cost parts (each into one parquet file)
 
@@ -37,7 +39,7 @@ def _cmd_pretrain(args) -> int:
     spec, device = job["spec"], job["device"]
     print(f"attnbench context pretrain: {device}; L={spec['train_len']}, {spec['pretrain']['steps']} steps",
           file=sys.stderr)
-    checkpoint = pretrain(spec, device)
+    checkpoint = pretrain(spec, device, Path(args.out).with_suffix(""))  # the run directory beside the checkpoint
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(args.out).with_suffix(".tmp")
     torch.save(checkpoint, tmp)
@@ -61,7 +63,7 @@ def _cmd_evaluate(args) -> int:
         raise ConfigError(f"context.capability: the checkpoint {args.checkpoint} was pretrained with another "
                           "train_len or model; rerun `attnbench context pretrain`")
     print(f"attnbench context evaluate: {device}; method {job['method']}", file=sys.stderr)
-    df = pd.DataFrame(evaluate(checkpoint, spec, job["method"], device))
+    df = pd.DataFrame(evaluate(checkpoint, spec, job["method"], device, Path(args.out).with_suffix("")))  # fine-tunes
     write_atomic(df, args.out)
     print(f"wrote {len(df)} rows to {args.out}", file=sys.stderr)
     return 0

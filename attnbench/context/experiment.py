@@ -4,7 +4,7 @@ Protocol (after Chen et al. 2023 "PI", section 3, and Peng et al. 2023 "YaRN", s
 
 1. :func:`pretrain` a tiny GPT (:mod:`attnbench.models.gpt`) with plain RoPE at length L
    on the byte-level corpus, with a share of each batch replaced by passkey documents
-   (:mod:`attnbench.context.passkey`) so that retrieval is a skill the model has at L.
+   (:class:`attnbench.context.passkey.PasskeyMixture`) so that retrieval is a skill the model has at L.
 2. For each method and each extension factor s (target window sL), :func:`variants`
    lists the model variants: the pretrained weights with the method's RoPE and no
    training ("no fine-tune"), and the same after a short fine-tune at length sL on the
@@ -18,16 +18,25 @@ Protocol (after Chen et al. 2023 "PI", section 3, and Peng et al. 2023 "YaRN", s
 
 Only the RoPE tables change between a model and its no-fine-tune variants: weights
 are copied unchanged, since ``inv_freq`` and the cos/sin tables are non-persistent buffers.
+
+Pretraining and every fine-tune run through the project's one training loop,
+:func:`attnbench.train.loop.train` (AdamW with decay on matrices, linear warm-up then cosine to
+10%, gradient clipping at 1, ``pretrain.precision``), each into a run directory of its own
+(``run.json``, ``steps.parquet``, ``summary.json``, ``final.pt``; checkpoints while it runs, so a
+killed job resumes): the pretraining run beside the checkpoint file, the fine-tunes under the
+evaluation job's output. The batch source is the passkey mixture; a fine-tune starts from the
+pretrained weights (the loop's ``init_state``), with the variant's RoPE.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
+import pandas as pd
 import torch
 
 from attnbench.failures import classify
@@ -38,8 +47,10 @@ from attnbench.context.perplexity import document_starts, sliding_window_score, 
 from attnbench.kernels.registry import backend_names
 from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.models.rope import METHODS, RopeConfig, RopeConfigError
-from attnbench.train.data import DataConfig, TokenData, load_tokens
-from attnbench.train.loop import TrainConfig, lm_loss, lr_at
+from attnbench.train.checkpoint import load_weights
+from attnbench.train.data import BatchSource, DataConfig, TokenData, load_tokens
+from attnbench.train.loop import RunSpec, TrainConfig, train
+from attnbench.train.precision import get_precision
 
 Log = Callable[[str], None]
 MAX_EVAL_FACTOR = 64  # evaluation lengths beyond 64 x train_len are refused at planning time
@@ -140,51 +151,34 @@ def eval_lengths(spec: dict) -> list[int]:
     return [int(spec["train_len"] * f) for f in spec["eval_factors"]]
 
 
-# ---- training -------------------------------------------------------------------------------------------------
+# ---- training ----------------------------------------------------------------------------------------------
 
-def _mixture_batch(data: TokenData, spec: dict, step: int, seed: int, batch_size: int, seq_len: int, device: str):
-    """(x, y) of text windows with ``passkey.train_fraction`` of the rows replaced by passkey documents."""
-    x, y = data.train_batch(step, seed, batch_size, seq_len, device)
+def train_config(spec: dict, *, steps: int, lr: float, warmup: int, seq_len: int, seed: int) -> TrainConfig:
+    """The loop's config for a pretraining or fine-tuning run: ``pretrain.batch_tokens`` per step at ``seq_len``,
+    ``pretrain.weight_decay`` and ``pretrain.precision``; one validation batch at the start and the end;
+    no attention-logit probe. ``seed`` sets both the initial weights and the batch order."""
+    opt = spec["pretrain"]
+    return TrainConfig(steps=steps, batch_size=max(1, opt["batch_tokens"] // seq_len), seq_len=seq_len, lr=lr,
+                       warmup_steps=warmup, weight_decay=opt["weight_decay"], precision=opt["precision"],
+                       init_seed=seed, data_seed=seed, eval_every=steps, eval_batches=1, probe_every=0)
+
+
+def training_data(spec: dict, text: TokenData) -> BatchSource:
+    """The batches: text windows, with ``passkey.train_fraction`` of each batch passkey documents when enabled."""
     pk = spec["passkey"]
-    n_pk = round(pk["train_fraction"] * batch_size) if pk["enabled"] else 0
-    if n_pk:
-        docs = passkey.make_batch(n_pk, seq_len + 1, digits=pk["digits"], seed=seed * 1_000_003 + step).tokens
-        x[:n_pk], y[:n_pk] = docs[:, :-1].to(device), docs[:, 1:].to(device)
-    return x, y
+    if pk["enabled"] and pk["train_fraction"] > 0:
+        return passkey.PasskeyMixture(text, pk["train_fraction"], pk["digits"])
+    return text
 
 
-def train(model: GPT, data: TokenData, spec: dict, *, steps: int, lr: float, warmup: int, seq_len: int,
-          seed: int, device: str, log: Log = _stderr, tag: str = "") -> list[float]:
-    """AdamW steps on the mixture at ``seq_len``, a fixed number of tokens per step; returns the loss per step.
-
-    The schedule and loss are the pretraining stage's (:func:`attnbench.train.loop.lr_at`, ``lm_loss``).
-    """
-    opt_cfg = spec["pretrain"]
-    batch = max(1, opt_cfg["batch_tokens"] // seq_len)
-    schedule = TrainConfig(steps=steps, lr=lr, warmup_steps=warmup, weight_decay=opt_cfg["weight_decay"])
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": schedule.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=lr, betas=(schedule.beta1, schedule.beta2))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
-    losses = []
-    model.train()
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, schedule)
-        x, y = _mixture_batch(data, spec, step, seed, batch, seq_len, device)
-        with autocast:
-            logits = model(x)
-        loss, _ = lm_loss(logits, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
-        opt.step()
-        losses.append(loss.item())
-        if step % max(1, steps // 5) == 0 or step == steps - 1:
-            log(f"{tag}step {step + 1}/{steps} len {seq_len} batch {batch} loss {losses[-1]:.4f}")
-    model.eval()
-    return losses
+def _train(spec: dict, run: RunSpec, folder: Path, device: str, text: TokenData, progress: bool,
+           init_state: dict | None = None) -> tuple[dict, list[float]]:
+    """One run of the loop; (summary, loss per step). A run that cannot train or diverges is an error here: the
+    experiment's later steps need its weights."""
+    summary = train(run, folder, device, progress=progress, data=training_data(spec, text), init_state=init_state)
+    if summary["status"] != "ok":
+        raise RuntimeError(f"context.capability: {run.name} ended {summary['status']}: {summary.get('reason', '')}")
+    return summary, pd.read_parquet(Path(folder) / "steps.parquet")["loss"].tolist()
 
 
 def _model_config(spec: dict, rope: RopeConfig, max_seq_len: int) -> GPTConfig:
@@ -198,40 +192,65 @@ def load_data(spec: dict) -> TokenData:
     return load_tokens(DataConfig.from_dict(spec["data"]))
 
 
-def pretrain(spec: dict, device: str, log: Log = _stderr) -> dict:
-    """Pretrain at L with plain RoPE; returns a checkpoint dict (config, weights, losses, provenance)."""
+def pretrain(spec: dict, device: str, run_dir: str | Path, log: Log = _stderr, progress: bool = True) -> dict:
+    """Pretrain at L with plain RoPE into ``run_dir``; returns a checkpoint dict (config, weights, losses,
+    provenance)."""
     check_spec(spec)
-    torch.manual_seed(spec["seed"])
     data = load_data(spec)
     cfg = _model_config(spec, rope_config(spec, "none", 1.0), spec["train_len"])
-    model = GPT(cfg).to(device)
     p = spec["pretrain"]
-    start = time.perf_counter()
-    losses = train(model, data, spec, steps=p["steps"], lr=p["lr"], warmup=p["warmup_steps"],
-                   seq_len=spec["train_len"], seed=spec["seed"], device=device, log=log, tag="pretrain ")
-    return {"model_config": cfg.to_dict(), "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
-            "losses": losses, "train_s": time.perf_counter() - start, "params": model.num_params(),
-            "data": data.name, "data_sha256": data.sha256, "spec": spec}
+    tcfg = train_config(spec, steps=p["steps"], lr=p["lr"], warmup=p["warmup_steps"], seq_len=spec["train_len"],
+                        seed=spec["seed"])
+    run = RunSpec("context/pretrain", cfg, tcfg, DataConfig.from_dict(spec["data"]),
+                  {"experiment": "context_capability"})
+    summary, losses = _train(spec, run, Path(run_dir), device, data, progress)
+    log(f"pretrain: {len(losses)} steps at length {spec['train_len']}, batch {tcfg.batch_size}, "
+        f"final loss {losses[-1]:.4f} ({run_dir})")
+    state = load_weights(Path(run_dir) / "final.pt")
+    return {"model_config": cfg.to_dict(), "state_dict": state, "losses": losses, "train_s": summary["wall_s"],
+            "params": summary["params"], "data": data.name, "data_sha256": data.sha256, "spec": spec,
+            "run_dir": str(run_dir)}
 
 
-def extended_model(checkpoint: dict, spec: dict, variant: Variant, device: str, max_len: int) -> GPT:
-    """The pretrained weights with ``variant``'s RoPE (tables sized for ``max_len``)."""
+def extended_config(checkpoint: dict, spec: dict, variant: Variant, max_len: int) -> GPTConfig:
+    """The pretrained model's config with ``variant``'s RoPE, tables sized for ``max_len``."""
     trained = GPTConfig.from_dict(checkpoint["model_config"])
     rope = rope_config(spec, variant.method, variant.rope_factor)
     try:
         rope.check_model_len(trained.max_seq_len)
     except RopeConfigError as err:
         raise ConfigError(f"context.capability.{err}") from None
-    model = GPT(dataclasses.replace(trained, rope=rope, max_seq_len=max_len)).to(device)
-    model.load_state_dict(checkpoint["state_dict"])
+    return dataclasses.replace(trained, rope=rope, max_seq_len=max_len)
+
+
+def extended_model(checkpoint: dict, spec: dict, variant: Variant, device: str, max_len: int,
+                   state: dict | None = None) -> GPT:
+    """The pretrained weights (or ``state``, a fine-tune's) with ``variant``'s RoPE (tables sized for ``max_len``)."""
+    model = GPT(extended_config(checkpoint, spec, variant, max_len)).to(device)
+    model.load_state_dict(checkpoint["state_dict"] if state is None else state)
     model.eval()
     return model
 
 
+def finetune(checkpoint: dict, spec: dict, variant: Variant, device: str, max_len: int, run_dir: str | Path,
+             progress: bool = True) -> tuple[dict, dict, list[float]]:
+    """Fine-tune the pretrained weights with ``variant``'s RoPE at its window sL for ``variant.finetune_steps`` steps
+    (``finetune.lr``, a tenth of them warm-up); returns (the fine-tuned state dict, summary, loss per step)."""
+    ft_len = int(round(spec["train_len"] * variant.factor))
+    tcfg = train_config(spec, steps=variant.finetune_steps, lr=spec["finetune"]["lr"],
+                        warmup=max(1, variant.finetune_steps // 10), seq_len=ft_len, seed=spec["seed"] + 1 + ft_len)
+    run = RunSpec(f"context/finetune/{variant.method}-s{variant.factor:g}",
+                  extended_config(checkpoint, spec, variant, max_len), tcfg, DataConfig.from_dict(spec["data"]),
+                  {"experiment": "context_capability", "method": variant.method})
+    summary, losses = _train(spec, run, Path(run_dir), device, load_data(spec), progress, checkpoint["state_dict"])
+    return load_weights(Path(run_dir) / "final.pt"), summary, losses
+
+
 # ---- evaluation -----------------------------------------------------------------------------------------------
 
-def _forward(model: GPT, device: str):
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
+def _forward(model: GPT, device: str, precision: str):
+    """The model as a LanguageModel, under the runs' precision (``pretrain.precision``)."""
+    autocast = get_precision(precision).autocast(device)
 
     def run(tokens: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), autocast:
@@ -248,7 +267,7 @@ def _score_variant(model: GPT, variant: Variant, spec: dict, data: TokenData, de
                           f"longest evaluation length {max(lengths)}")
     starts = document_starts(len(data.val), max(lengths), ev["n_docs"])
     docs = torch.stack([data.val[s:s + max(lengths)].long() for s in starts])
-    fwd = _forward(model, device)
+    fwd = _forward(model, device, spec["pretrain"]["precision"])
     rows = []
     for length in lengths:
         base = {"eval_len": length, "status": "ok", "reason": ""}
@@ -277,25 +296,23 @@ def _score_variant(model: GPT, variant: Variant, spec: dict, data: TokenData, de
     return rows
 
 
-def evaluate(checkpoint: dict, spec: dict, method: str, device: str, log: Log = _stderr) -> list[dict]:
-    """Rows for every variant of ``method``: its fine-tune (if any) and its scores at every evaluation length."""
+def evaluate(checkpoint: dict, spec: dict, method: str, device: str, run_dir: str | Path, log: Log = _stderr,
+             progress: bool = True) -> list[dict]:
+    """Rows for every variant of ``method``: its fine-tune (if any, a run under ``run_dir``) and its scores at every
+    evaluation length."""
     data = load_data(spec)
     env = environment(device)
     lengths = eval_lengths(spec)
     pretrain_loss = checkpoint["losses"][-1] if checkpoint["losses"] else float("nan")
     rows = []
     for variant in variants(spec, method):
-        model = extended_model(checkpoint, spec, variant, device, max(lengths))
-        ft_len, ft_loss, ft_s = 0, float("nan"), 0.0
+        ft_len, ft_loss, ft_s, state = 0, float("nan"), 0.0, None
         if variant.finetune_steps:
             ft_len = int(round(spec["train_len"] * variant.factor))
-            torch.manual_seed(spec["seed"] + ft_len)
-            start = time.perf_counter()
-            losses = train(model, data, spec, steps=variant.finetune_steps, lr=spec["finetune"]["lr"],
-                           warmup=max(1, variant.finetune_steps // 10), seq_len=ft_len,
-                           seed=spec["seed"] + 1 + ft_len, device=device, log=log,
-                           tag=f"finetune {method} s={variant.factor:g} ")
-            ft_loss, ft_s = losses[-1], time.perf_counter() - start
+            state, summary, losses = finetune(checkpoint, spec, variant, device, max(lengths),
+                                              Path(run_dir) / f"{method}-s{variant.factor:g}", progress)
+            ft_loss, ft_s = losses[-1], summary["wall_s"]
+        model = extended_model(checkpoint, spec, variant, device, max(lengths), state)
         for row in _score_variant(model, variant, spec, data, device):
             rows.append({"experiment": "context_capability", "method": method, "factor": variant.factor,
                          "rope_factor": variant.rope_factor, "finetune_steps": variant.finetune_steps,

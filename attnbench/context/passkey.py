@@ -7,6 +7,10 @@ question reproduces every digit; with the correct prefix fed back that is the
 same as every digit being the argmax at its position, so one forward scores a
 document (no generation loop). The wording is this project's own; only the task
 design follows the papers.
+
+:class:`PasskeyMixture` is the training data of the capability experiment: text windows with
+a share of each batch replaced by passkey documents, handed to the one training loop
+(:func:`attnbench.train.loop.train`) as its batch source.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import torch
 from torch import Tensor
 
 from attnbench.context.perplexity import LanguageModel
+from attnbench.train.data import TokenData
 
 INTRO = b"Find the key in this text.\n"
 FILLER = b"The hills are quiet and the river runs on. The day is long and the road is old. "
@@ -63,6 +68,29 @@ def make_batch(n: int, length: int, *, digits: int = 5, seed: int = 0, depths: l
         starts.append(answer)
         needle_at.append(at / length)
     return PasskeyBatch(torch.stack(rows), torch.tensor(starts), torch.tensor(needle_at), digits)
+
+
+class PasskeyMixture:
+    """A :class:`~attnbench.train.data.BatchSource`: ``text``'s training windows with ``round(fraction x batch)``
+    rows of every batch replaced by passkey documents of the window's length (keys and depths drawn from
+    ``(seed, step)``, so a resumed run sees the same batches); validation batches are ``text``'s."""
+
+    def __init__(self, text: TokenData, fraction: float, digits: int = 5):
+        self.text, self.fraction, self.digits = text, fraction, digits
+        self.name = f"{text.name}+passkey(fraction={fraction:g},digits={digits})"
+        self.sha256, self.loss_floor = text.sha256, float("nan")
+
+    def train_batch(self, step: int, seed: int, batch_size: int, seq_len: int, device: str):
+        x, y = self.text.train_batch(step, seed, batch_size, seq_len, device)
+        rows = round(self.fraction * batch_size)
+        if rows:
+            docs = make_batch(rows, seq_len + 1, digits=self.digits, seed=seed * 1_000_003 + step).tokens
+            x, y = x.clone(), y.clone()
+            x[:rows], y[:rows] = docs[:, :-1].to(device), docs[:, 1:].to(device)
+        return x, y
+
+    def val_batches(self, n_batches: int, batch_size: int, seq_len: int, device: str):
+        return self.text.val_batches(n_batches, batch_size, seq_len, device)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """A tiny GPT for stability experiments: pre-norm blocks, RoPE, byte-level vocabulary.
 
-Built bottom-up like nanoGPT's ``model.py`` (Karpathy): MLP -> Block -> GPTConfig ->
+Built bottom-up like nanoGPT's ``model.py`` (Karpathy): MLP, SwiGLU -> Block -> GPTConfig ->
 GPT. Differences from GPT-2 (Radford et al. 2019): rotary positions instead of a
 learned table (Su et al. 2021, :mod:`attnbench.models.rope`), no biases, tied
 input/output embeddings, and an attention layer whose head layout
 (mha/gqa/mqa/mla, :mod:`attnbench.models.attention`) and kernel backend (any
-registered name) come from the config. Optional qk-layernorm lives in the
-attention layer; the z-loss is part of the training loss (``attnbench.train.loop``).
+registered name) come from the config. The MLP is GPT-2's GELU MLP or a SwiGLU MLP
+(``mlp: swiglu``), optionally with Smooth-SwiGLU (``smooth_swiglu``). Optional
+qk-layernorm lives in the attention layer; the z-loss is part of the training loss
+(``attnbench.train.loop``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from attnbench.case import LAYOUTS
 from attnbench.bench.conventions import forward_flops
@@ -25,7 +28,12 @@ from attnbench.models.attention import GroupedQueryAttention, MultiHeadLatentAtt
 from attnbench.models.rope import RopeConfig, RopeConfigError, rope_cos_sin, rope_frequencies
 
 
+MLPS = ("gelu", "swiglu")
+
+
 class MLP(nn.Module):
+    """GPT-2's MLP: proj(gelu(fc(x)))."""
+
     def __init__(self, d_model: int, d_ff: int):
         super().__init__()
         self.fc = nn.Linear(d_model, d_ff, bias=False)
@@ -33,6 +41,48 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(nn.functional.gelu(self.fc(x), approximate="tanh"))
+
+
+def smooth_scales(h: Tensor) -> Tensor:
+    """Per-channel Smooth-SwiGLU scales s (F,) of h (..., F): powers of two with max |h_i| s_i in (1/2, 1].
+
+    s_i = 2^-ceil(log2 max|h_i|) over every token of the batch, detached (the scale carries no
+    gradient). Powers of two make the scaling exact in binary floating point, so s^-1 (s h) = h bit for
+    bit outside an FP8 cast: this rounding of the channel max is this project's choice; Fishman et al.
+    2024 scale each channel by its max. An all-zero channel keeps s = 1.
+    """
+    amax = h.detach().abs().flatten(0, -2).amax(dim=0).float()  # (F,)
+    exponent = torch.where(amax > 0, torch.ceil(torch.log2(amax)), torch.zeros_like(amax))
+    return torch.exp2(-exponent)
+
+
+class SwiGLU(nn.Module):
+    """SwiGLU MLP (Shazeer 2020): proj(fc(x) * silu(gate(x))), optionally Smooth-SwiGLU.
+
+    Names after Fishman et al. 2024 (eq. 1): ``fc`` is w1 (the linear branch), ``gate`` w2 (the Swish
+    branch), ``proj`` w3. Smooth-SwiGLU (Fishman et al. 2024, §4.4 and Fig. 4: the fix for the
+    outlier amplification that aligned w1 and w2 cause late in FP8 training) scales each channel
+    of h = fc(x) silu(gate(x)) by s_i (:func:`smooth_scales`) before the down projection quantises
+    it, and folds s^-1 into that projection's weight: y = (w3 diag(1/s)) (s h), so the function is
+    unchanged and only what an FP8 cast of h sees is. The projection is called through
+    ``torch.func.functional_call`` with the weight w3 / s, so whichever Linear the precision put
+    there (``nn.Linear``, torchao's ``Float8Linear``, the MXFP8 emulation) casts s h and w3 diag(1/s).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, smooth: bool):
+        super().__init__()
+        self.fc = nn.Linear(d_model, d_ff, bias=False)
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.proj = nn.Linear(d_ff, d_model, bias=False)
+        self.smooth = smooth
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc(x) * nn.functional.silu(self.gate(x))  # (B, S, F)
+        if not self.smooth:
+            return self.proj(h)
+        s = smooth_scales(h)  # (F,)
+        weight = self.proj.weight / s.to(self.proj.weight.dtype)  # (D, F): w3 diag(1/s)
+        return functional_call(self.proj, {"weight": weight}, (h * s.to(h.dtype),))
 
 
 class Block(nn.Module):
@@ -43,7 +93,8 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(cfg.d_model, bias=False)
         self.attn = build_attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.d_model, bias=False)
-        self.mlp = MLP(cfg.d_model, cfg.ffn_dim)
+        self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim, cfg.smooth_swiglu) if cfg.mlp == "swiglu" else \
+            MLP(cfg.d_model, cfg.ffn_dim)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x), cos, sin)
@@ -60,7 +111,10 @@ class GPTConfig:
     layout: str = "mha"            # mha | gqa | mqa | mla
     n_kv_heads: int | None = None  # gqa only (a divisor of n_heads); mha uses n_heads, mqa 1
     head_dim: int | None = None    # None: d_model // n_heads (mha/gqa/mqa)
-    d_ff: int | None = None        # None: 4 * d_model (GPT-2); parameter matching changes it
+    d_ff: int | None = None        # None: 4 * d_model (GPT-2), or for swiglu 8/3 * d_model rounded up to 16 (the
+    #                                same weights: SwiGLU has three matrices); parameter matching changes it
+    mlp: str = "gelu"              # gelu (GPT-2) | swiglu (Shazeer 2020)
+    smooth_swiglu: bool = False    # swiglu only: per-channel scaling before FP8 casts (Fishman et al. 2024)
     backend: str = "sdpa-math"     # any registered backend with an autograd-capable attention()
     qk_norm: bool = False          # LayerNorm on each head's q and k (Wortsman et al. 2023)
     rope: RopeConfig = field(default_factory=RopeConfig)
@@ -82,6 +136,10 @@ class GPTConfig:
         if self.layout != "mla" and self.head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}; "
                               "allowed: a divisor, or set model.head_dim")
+        if self.mlp not in MLPS:
+            raise ConfigError(f"model.mlp={self.mlp!r} is not allowed; allowed: {', '.join(MLPS)}")
+        if self.smooth_swiglu and self.mlp != "swiglu":
+            raise ConfigError(f"model.smooth_swiglu=true needs model.mlp: swiglu (here: {self.mlp})")
         if self.n_kv_heads is not None and self.layout != "gqa":
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} is only allowed with layout gqa; "
                               f"layout {self.layout} fixes it (mha: n_heads, mqa: 1, mla: a latent)")
@@ -124,7 +182,13 @@ class GPTConfig:
 
     @property
     def ffn_dim(self) -> int:
-        return self.d_ff or 4 * self.d_model
+        if self.d_ff:
+            return self.d_ff
+        return 4 * self.d_model if self.mlp == "gelu" else 16 * math.ceil(8 * self.d_model / 3 / 16)
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
 
     @property
     def rotary_dim(self) -> int:
@@ -227,9 +291,10 @@ def match_params(cfg: GPTConfig, target: int) -> GPTConfig:
     """``cfg`` with the MLP width changed so its parameter count comes closest to ``target``.
 
     Shazeer (2019) matches MQA to MHA by widening the feed-forward layer; each unit of
-    d_ff adds 2 * d_model * n_layers weights (fc and proj, no biases), so one step suffices.
+    d_ff adds 2 (GELU: fc, proj) or 3 (SwiGLU: fc, gate, proj) x d_model x n_layers weights (no
+    biases), so one step suffices.
     """
-    per_unit = 2 * cfg.d_model * cfg.n_layers
+    per_unit = cfg.mlp_matrices * cfg.d_model * cfg.n_layers
     d_ff = cfg.ffn_dim + round((target - count_params(cfg)) / per_unit)
     if d_ff < 1:
         raise ConfigError(f"cannot match {target} parameters with layout {cfg.layout}: its attention alone "

@@ -1,8 +1,8 @@
 """Paper-style tables and figures of the four pretraining experiments, from the frames
 :func:`attnbench.train.experiments.run_experiment` wrote (``results/<sweep>/pretrain/<experiment>/``).
 
-:func:`build` returns the tables (:data:`OUTPUTS`, grouped by experiment) and one figure per
-experiment, named after it, for :func:`attnbench.report.artifacts.write_stage`; a figure with nothing
+:func:`build` returns the tables (:data:`OUTPUTS`, grouped by experiment) and the figures
+(:data:`FIGURES`) of each experiment, for :func:`attnbench.report.artifacts.write_stage`; a table or figure with nothing
 to show says so instead of failing, so a rule's declared outputs always exist.
 """
 from __future__ import annotations
@@ -20,25 +20,42 @@ from attnbench.files import read_parquet  # noqa: E402
 from attnbench.report.artifacts import Figure, StageOutputs, Table, fmt  # noqa: E402
 from attnbench.report.figures import placeholder  # noqa: E402
 from attnbench.train import experiments as ex  # noqa: E402
+from attnbench.train import intervals, stability  # noqa: E402
 
-# Tables each experiment writes (always, so workflow rules can declare them); its figure is named after it.
-OUTPUTS = {"divergence": ("divergence", "divergence_loss", "divergence_numerics"),
-           "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity"),
-           "fp8": ("fp8", "fp8_scales"), "layouts": ("layouts",)}
+# Tables each experiment writes (always, so workflow rules can declare them), and its figures.
+OUTPUTS = {"divergence": ("divergence", "divergence_pairs", "divergence_numerics", "divergence_kernels",
+                          "divergence_spikes"),
+           "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity", "lr_sensitivity_spikes"),
+           "fp8": ("fp8", "fp8_scales", "fp8_layers", "fp8_spikes"), "layouts": ("layouts", "layouts_spikes")}
+FIGURES = {"divergence": ("divergence",), "lr_sensitivity": ("lr_sensitivity",), "fp8": ("fp8", "fp8_layers"),
+           "layouts": ("layouts",)}
 FIGURE_CAPTIONS = {
-    "divergence": "Weight divergence from the reference run over training (max abs, relative L2, W1) for runs that "
-                  "differ only in attention backend, seed or precision (Golden et al. 2024); without weight "
-                  "snapshots, each swap's per-step training-loss gap to the reference.",
+    "divergence": "Weight divergence from each arm's reference over training (max abs, relative L2, W1) for runs "
+                  "that differ only in attention backend, precision, initial weights or batch order (Golden et al. "
+                  "2024), mean over seeds.",
     "lr_sensitivity": "Final validation loss against learning rate per variant, and the largest attention logit over "
                       "the steps at the highest learning rate (Wortsman et al. 2023).",
-    "fp8": "Training loss per FP8 recipe against bf16, and the share of gradient elements that round to 0 in FP8.",
+    "fp8": "FP8 recipes' validation-loss gap to the same-seed baseline run over steps, against the baseline seeds' "
+           "noise band.",
+    "fp8_layers": "FP8 scale statistics per layer (amax, share of elements that underflow) for each recipe.",
     "layouts": "Head layouts at matched parameters: final validation loss against tokens/s (marker size: KV-cache "
                "bytes per token), and KV-cache bytes per token (bf16).",
 }
+CI_NOTE = (f"Intervals: mean over seeds with a two-sided {intervals.LEVEL:.0%} Student-t interval "
+           "(mean +- t s / sqrt(n); attnbench.train.intervals), n = seeds that trained.")
 
 
 def _table(name: str, caption: str, values: pd.DataFrame) -> Table:
     return Table(name, caption, values, values.map(fmt))
+
+
+def _nothing(note: str) -> pd.DataFrame:
+    """A one-cell table that says why it is empty (declared outputs always exist)."""
+    return pd.DataFrame({"note": [note]})
+
+
+def _or_note(frame: pd.DataFrame, index: list[str], note: str) -> pd.DataFrame:
+    return frame.set_index(index) if len(frame) else _nothing(note)
 
 
 def _device(runs: pd.DataFrame) -> str:
@@ -49,37 +66,58 @@ def _device(runs: pd.DataFrame) -> str:
            f"(sha256 {str(row.get('corpus_sha256', ''))[:12]})"
 
 
-def _spike_note(runs: pd.DataFrame) -> str:
-    if "spike_window" not in runs or runs["spike_window"].dropna().empty:
-        return ""
-    windows = sorted({int(w) for w in runs["spike_window"].dropna()})
-    return (f"Spike score: share of steps > 7 sigma above the mean of the previous {'/'.join(map(str, windows))} "
-            "steps (OLMo 2 uses 1000; shortened for short runs).")
+SPIKE_NOTE = ("Spike scores at their sources' definitions: olmo2_paper = percent of points at least "
+              f"{stability.OLMO2_PAPER.sigma:g} sample std from the mean of the previous "
+              f"{stability.OLMO2_PAPER.window} points, two-sided (OLMo 2 paper; runs of at most "
+              f"{stability.OLMO2_PAPER.window} steps score nothing); olmo_core = fraction of the last min(steps, "
+              f"{stability.OLMO_CORE.span}) steps more than {stability.OLMO_CORE.sigma:g} population std above the "
+              f"mean of the previous {stability.OLMO_CORE.window}, one-sided, any = loss or grad norm "
+              "(allenai/OLMo-core StabilityMonitorCallback). min_jump = the smallest one-step rise above the trailing "
+              "mean, relative to it, that each would flag at the run's end: what a zero score rules out.")
 
 
-def _nothing(note: str) -> pd.DataFrame:
-    """A one-cell table that says why it is empty (declared outputs always exist)."""
-    return pd.DataFrame({"note": [note]})
+def spikes_table(name: str, runs: pd.DataFrame) -> Table:
+    frame = ex.spike_frame(runs)
+    return _table(name, SPIKE_NOTE + f" {_device(runs)}.", _or_note(frame, ["run"], "no run trained"))
 
 
-def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
-    final = div.sort_values("step").groupby("run").tail(1) if len(div) else div
-    kernel = final.loc[final["swap"] == "backend", "rel_l2"].max() if len(final) else float("nan")
-    if len(final) and kernel > 0:  # how many times the largest kernel-swap divergence
-        final = final.assign(rel_l2_over_kernel_swap=final["rel_l2"] / kernel)
-    caption = ("Weight divergence from the reference run at the last snapshot, for runs that differ only in "
-               "attention backend, only in seed, or only in precision (Golden et al. 2024). rel_l2 = ||a-b||/||a||; "
-               "wasserstein = W1 of the weight distributions; rel_l2_over_kernel_swap = rel_l2 over the largest "
-               f"kernel-swap rel_l2. {_device(runs)}.")
+def _runs_note(runs: pd.DataFrame) -> str:
+    """How many runs trained, and which did not (and why), for captions."""
+    if runs.empty:
+        return "No runs."
+    counts = runs["status"].value_counts()
+    return "Runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + "."
+
+
+# ---------------------------------------------------------------- divergence
+
+DIVERGENCE_DISPLAY = ["arm", "label", "status", "seeds_ok", "step", "max_abs_mean", "max_abs_ci_low", "max_abs_ci_high",
+                      "max_abs_over_steps_mean", "rel_l2_mean", "rel_l2_ci_low", "rel_l2_ci_high", "w1_mean_mean",
+                      "w1_mean_ci_low", "w1_mean_ci_high", "replicate_rel_l2", "over_replicate", "val_loss_gap_mean",
+                      "val_loss_gap_ci_low", "val_loss_gap_ci_high", "train_loss_gap_rms_mean", "identical", "reason"]
+
+
+def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], list[plt.Figure]]:
     loss = ex.loss_divergence_frame(runs, steps)
-    tables = [_table("divergence", caption, final.set_index(["swap", "variant"]).drop(columns=["run"], errors="ignore")
-                     if len(final) else _nothing("no weight snapshots to compare")),
-              _table("divergence_loss", "The same swaps seen in the loss: each run's final validation loss, its gap to "
-                     "the reference's, and the RMS and largest per-step difference of the training loss from the "
-                     "reference's over the steps both logged (one batch order, except in the seed swap, whose seed sets both "
-                     "the initial weights and the batch order). A truncated run's final "
-                     "validation loss is its last evaluation, before its learning-rate schedule ended.",
-                     loss.set_index(["swap", "variant"]) if len(loss) else _nothing("no reference run"))]
+    summary = ex.divergence_summary(div, loss)
+    precision = runs.loc[runs.get("role", pd.Series(dtype=str)) == "reference", "precision"]
+    precision = precision.iloc[0] if len(precision) else ""
+    caption = ("Weight divergence from the reference at the last snapshot every seed reached, per arm (Golden et al. "
+               "2024): replicate = the reference's configuration again (the nondeterminism floor; 0 where runs are "
+               "deterministic), kernel = another attention backend at the same precision, precision = the first "
+               "reference at another precision, init_seed / data_order = only the initial weights / only the batch "
+               "order changed. max_abs = max |W - W_ref| over all weights (the paper's metric; max_abs_over_steps its "
+               "largest over snapshots); rel_l2 = ||W - W_ref|| / ||W_ref||; w1_mean = per-tensor Wasserstein-1 "
+               "between value distributions, averaged with element-count weights (this project's convention); "
+               "over_replicate = rel_l2 over the same reference's replicate floor; val_loss_gap = final validation "
+               f"loss minus the reference's; train_loss_gap_rms = RMS per-step training-loss difference. {CI_NOTE} "
+               f"Precision of the references: {precision}. {_runs_note(runs)} {_device(runs)}.")
+    shown = summary.reindex(columns=[c for c in DIVERGENCE_DISPLAY if c in summary]) if len(summary) else summary
+    tables = [_table("divergence", caption, _or_note(shown, ["arm", "label"], "no divergence pairs")),
+              _table("divergence_pairs", "Every pair and seed behind the divergence table: its status, the steps "
+                     "both runs logged, the final validation loss gap and the RMS and largest per-step train-loss "
+                     "difference. A truncated run's final validation loss is its last evaluation.",
+                     _or_note(loss, ["arm", "label", "seed"], "no reference runs"))]
     keep = [c for c in ("backend", "dtype", "status", "out_rel_err", "out_max_abs", "dq_rel_err", "dk_rel_err",
                         "dv_rel_err", "reason") if c in num]
     dtypes = set(num["dtype"]) if len(num) else set()
@@ -87,110 +125,158 @@ def divergence_outputs(runs, steps, div, num) -> tuple[list[Table], plt.Figure]:
     tables.append(_table("divergence_numerics", "Attention output and gradient error against fp64 at the model's "
                          f"attention shape ({shape}), in each precision the runs used; same inputs for every backend.",
                          num[keep].set_index(["backend", "dtype"]) if len(num) else _nothing("no backend ran")))
+    joined = ex.kernel_training_frame(summary, num, precision)
+    tables.append(_table("divergence_kernels", "Kernel numerics joined to training: per kernel arm, the backend's and "
+                         f"its reference's per-call error against fp64 at the model's attention shape ({shape}, "
+                         f"{precision}), their ratio, the arm's weight divergence (rel_l2) and final val-loss gap "
+                         f"with their intervals, and the reference's replicate floor. {CI_NOTE}",
+                         _or_note(joined, ["backend", "reference"], "no kernel arms")))
+    tables.append(spikes_table("divergence_spikes", runs))
+    return tables, [_divergence_figure(div)]
+
+
+def _divergence_figure(div: pd.DataFrame) -> plt.Figure:
     if div.empty:
-        return tables, _loss_gap_figure(runs, steps)
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, metric in zip(axes, ("max_abs", "rel_l2", "wasserstein")):
+        return placeholder("Weight divergence", "no weight snapshots to compare")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax, metric in zip(axes, ("max_abs", "rel_l2", "w1_mean")):
         data = div[div[metric] > 0]
-        if len(data):
-            sns.lineplot(data=data, x="step", y=metric, hue="variant", style="swap", marker="o", ax=ax)
-        ax.set_yscale("log")
+        if len(data):  # the line is the mean over seeds, the band their range
+            sns.lineplot(data=data, x="step", y=metric, hue="label", style="arm", marker="o", errorbar=("pi", 100),
+                         ax=ax)
+            ax.set_yscale("log")
         ax.set_title(metric)
         if ax.get_legend() is not None:  # one legend, beside the last panel, covering no data
             if ax is axes[-1]:
-                sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1))
+                sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), fontsize=7)
             else:
                 ax.get_legend().remove()
-    zero = sorted(set(div["variant"]) - set(div.loc[div[["max_abs", "rel_l2"]].gt(0).any(axis=1), "variant"]))
-    note = f" (bitwise identical to the reference, not drawn on log axes: {', '.join(zero)})" if zero else ""
-    fig.suptitle("Weight divergence from the reference: kernel vs seed vs precision swap" + note)
-    fig.tight_layout()
-    return tables, fig
-
-
-def _loss_gap_figure(runs, steps) -> plt.Figure:
-    """Without weight snapshots: each swap run's per-step |train loss - reference's|, a 50-step rolling mean."""
-    ref_run, gaps = ex.loss_gaps(runs, steps)
-    if ref_run is None or steps.empty:
-        return placeholder("Weight divergence", "no snapshots to compare")
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for run, gap in gaps:
-        gap = gap.abs()
-        ax.plot(gap.index, gap.rolling(50, min_periods=1).mean(), label=f"{run['swap']}: {run['variant']}")
-    ax.set_yscale("log")
-    ax.set(xlabel="step", ylabel="|train loss - reference| (50-step mean)")
-    ax.legend(fontsize=8)
-    ax.set_title("Loss divergence from the reference (no weight snapshots in these rows)")
+    positive = div.loc[div[list(stability.DIVERGENCE_METRICS)].gt(0).any(axis=1), "label"]
+    zero = sorted(set(div["label"]) - set(positive))
+    note = f"\nbitwise identical to the reference at every snapshot and seed (not on log axes): {', '.join(zero)}" \
+        if zero else ""
+    fig.suptitle("Weight divergence from the reference per arm (line: mean over seeds; band: their range)" + note,
+                 fontsize=9)
     fig.tight_layout()
     return fig
 
 
-def lr_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
+# ---------------------------------------------------------------- LR sensitivity
+
+
+def lr_outputs(runs, steps) -> tuple[list[Table], list[plt.Figure]]:
     grid, sens = ex.lr_frame(runs)
-    tables = [_table("lr_sensitivity_grid", f"Final validation loss per learning rate. {_device(runs)}.", grid),
-              _table("lr_sensitivity", "LR sensitivity (Wortsman et al. 2023): mean over LRs of "
-                     "min(final, initial loss) - best final loss; lower is more robust. " + _spike_note(runs),
-                     sens.set_index("variant"))]
+    tables = [_table("lr_sensitivity_grid", "Final validation loss per variant and learning rate, mean over seeds "
+                     f"(runs that diverged have none). {_runs_note(runs)} {_device(runs)}.",
+                     grid if len(grid) else _nothing("no run trained")),
+              _table("lr_sensitivity", "LR sensitivity (Wortsman et al. 2023, §2.2): per seed, the mean over the "
+                     "learning-rate grid of min(final val loss, initial val loss) minus the best final val loss "
+                     "(a diverged run counts as its initial loss, a truncated run with its last evaluation); lower "
+                     f"is more robust. {CI_NOTE} A seed with runs that did not train is listed as incomplete and "
+                     "left out.", _or_note(sens, ["variant"], "no run trained"))]
+    tables.append(spikes_table("lr_sensitivity_spikes", runs))
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
-    ok = runs[runs["status"].isin(["ok", "diverged"])]
+    ok = runs[runs["status"].isin(ex.TRAINED)] if len(runs) else runs
     if len(ok):
-        sns.lineplot(data=ok, x="lr", y="final_val_loss", hue="variant", marker="o", ax=a)
+        sns.lineplot(data=ok, x="lr", y="final_val_loss", hue="variant", marker="o", errorbar=("pi", 100), ax=a)
         a.set_xscale("log")
-    a.set_title("final validation loss vs learning rate")
+    a.set_title("final validation loss vs learning rate (band: range over seeds)")
     logit_cols = [c for c in steps.columns if c.startswith("max_logit_l")]
-    if logit_cols and len(steps):
+    if logit_cols and len(steps) and len(ok):
         top = steps.assign(max_logit=steps[logit_cols].max(axis=1)).dropna(subset=["max_logit"])
-        top = top.merge(runs[["run", "lr"]].rename(columns={"lr": "peak_lr"}), on="run")
+        top = top.merge(ok[["run", "lr"]].rename(columns={"lr": "peak_lr"}), on="run")
         top = top[top["peak_lr"] == top["peak_lr"].max()]
-        sns.lineplot(data=top, x="step", y="max_logit", hue="variant", ax=b)
+        sns.lineplot(data=top, x="step", y="max_logit", hue="variant", errorbar=("pi", 100), ax=b)
+        b.set_yscale("log")
         b.set_title(f"max attention logit over steps at LR {top['peak_lr'].max():g}")
     fig.tight_layout()
-    return tables, fig
+    return tables, [fig]
 
+
+# ---------------------------------------------------------------- FP8
 
 _SPEED_NOTE = ("tokens_per_s: median of the per-step rate after the first 10% of steps, tokens_per_s_iqr its "
-               "interquartile range.")
+               "interquartile range; mfu against the matmul ceiling in peak_flops_source; gpu_sharing: alone / "
+               "shared / unchecked (attnbench.train.sharing). Emulated runs claim no speed.")
 
 
-def fp8_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
+def fp8_outputs(runs, steps, layers) -> tuple[list[Table], list[plt.Figure]]:
     frame = ex.fp8_frame(runs, steps)
-    main = [c for c in frame.columns if not c.startswith("fp8_")]
-    stats = frame.set_index("precision")[[c for c in frame.columns if c.startswith("fp8_")]]
-    long = stats.T.reset_index().rename(columns={"index": "column"}) if len(stats.columns) else pd.DataFrame()
-    tables = [_table("fp8", "FP8 recipes against bf16: loss gap (final val loss minus the first row's), spike "
-                     "scores; emulated runs claim no speed. " + _SPEED_NOTE + " " + _spike_note(runs) +
-                     f" {_device(runs)}.",
-                     frame[main].set_index("precision"))]
-    if long.empty:
-        long = _nothing("no run logged FP8 statistics").reset_index().rename(columns={"index": "column"})
-    tables.append(_table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor "
-                         "(fp8_<recipe>_<act|weight|grad>_<amax|scale_log2|overflow|underflow>), measured on "
-                         "each run's own tensors (attnbench.train.precision).", long.set_index("column")))
-    ok = steps.dropna(subset=["loss"]) if len(steps) else steps
-    if ok.empty:
-        return tables, placeholder("FP8 recipes", "no run trained")
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
-    sns.lineplot(data=ok, x="step", y="loss", hue="variant", ax=a)
-    a.set_title("training loss")
-    under = [c for c in ok.columns if c.endswith("_grad_underflow")]
-    if under:
-        melted = ok.dropna(subset=under).melt(id_vars=["step", "variant"], value_vars=under, var_name="recipe",
-                                              value_name="underflow")
-        melted["recipe"] = melted["recipe"].str.removeprefix("fp8_").str.removesuffix("_grad_underflow")
-        sns.lineplot(data=melted, x="step", y="underflow", hue="recipe", style="variant", ax=b)
-        b.set_title("gradient underflow share (rounds to 0 in FP8)")
+    stats = ex.fp8_stats_frame(runs, steps)
+    long = stats.set_index(["variant", "seed"]).T if len(stats) and len(stats.columns) > 2 else pd.DataFrame()
+    if len(long):
+        long.columns = [f"{v}/s{s}" for v, s in long.columns]
+    per_layer = ex.fp8_layers_frame(runs, layers)
+    tables = [_table("fp8", "FP8 recipes and a SwiGLU MLP with and without Smooth-SwiGLU (Fishman et al. 2024) "
+                     "against the baseline: gap = val loss minus that of the baseline precision's run with the same "
+                     "MLP and seed (same initial weights and batches) at the last eval step; band = +- the largest "
+                     "distance of a baseline seed from the seeds' mean there (how far another seed moves the loss); "
+                     "gap_opens_at_step = the first eval step from which the gap stays outside the band (empty: it "
+                     "never does). " + _SPEED_NOTE +
+                     f" {_runs_note(runs)} {_device(runs)}.",
+                     _or_note(frame, ["variant", "seed"], "no run")),
+              _table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor, summed over "
+                     "layers (fp8_<recipe>_<act|weight|grad>_<amax|scale_log2|overflow|underflow>), measured on "
+                     "each run's own tensors (attnbench.train.precision); per layer in fp8_layers.",
+                     long if len(long) else _nothing("no run logged FP8 statistics")),
+              _table("fp8_layers", "Per layer, the input of the MLP's down projection (mlp.proj, where SwiGLU's "
+                     "outliers reach an FP8 cast) under each run's own recipe (tensorwise for bf16): amax at the first "
+                     "and last record and its largest, the last scale (log2), the largest overflow share and the mean "
+                     "underflow share over the run. Every layer and tensor is in fp8_layers.parquet.",
+                     _or_note(per_layer, ["variant", "layer"], "no per-layer statistics"))]
+    tables.append(spikes_table("fp8_spikes", runs))
+    return tables, [_fp8_gap_figure(runs, steps), _fp8_layers_figure(runs, layers)]
+
+
+def _fp8_gap_figure(runs, steps) -> plt.Figure:
+    gaps = ex.fp8_gap_frame(runs, steps)
+    if gaps.empty:
+        return placeholder("FP8 loss gap", "no run trained")
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    band = gaps.groupby("step")[["band_low", "band_high"]].first().dropna()
+    if len(band):
+        ax.fill_between(band.index, band["band_low"], band["band_high"], color="grey", alpha=0.3,
+                        label="+- the baseline seeds' largest distance from their mean")
+    sns.lineplot(data=gaps, x="step", y="gap", hue="variant", units="run", estimator=None, ax=ax)
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set(ylabel="val loss - baseline at the same seed",
+           title="FP8 loss gap over steps against the baseline seeds' noise band")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
     fig.tight_layout()
-    return tables, fig
+    return fig
 
 
-def layouts_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
+def _fp8_layers_figure(runs, layers) -> plt.Figure:
+    if layers.empty:
+        return placeholder("FP8 per-layer amax", "no per-layer statistics")
+    precision = runs.set_index("run")["precision"]
+    sub = layers[layers["layer"].str.endswith("mlp.proj") & (layers["kind"] == "act")]
+    sub = sub[sub["recipe"] == sub["run"].map(lambda r: ex.own_recipe(precision.get(r, "bf16")))]
+    if sub.empty:
+        return placeholder("FP8 per-layer amax", "no mlp.proj statistics")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(14, 4.5))
+    sns.lineplot(data=sub, x="step", y="amax", hue="variant", style="layer", ax=a)
+    a.set_yscale("log")
+    a.set_title("amax of the down projection's input per layer")
+    sns.lineplot(data=sub, x="step", y="underflow", hue="variant", style="layer", ax=b, legend=False)
+    b.set_title("its underflow share (nonzero values that round to 0)")
+    sns.move_legend(a, "upper left", bbox_to_anchor=(2.25, 1), fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- layouts
+
+
+def layouts_outputs(runs, steps) -> tuple[list[Table], list[plt.Figure]]:
     frame = ex.layouts_frame(runs)
     tables = [_table("layouts", "Head layouts at matched parameters (MLP width absorbs the difference): final "
                      "validation loss, throughput and decode KV-cache bytes per token (bf16, all layers; "
-                     f"DeepSeek-V2 Table 1). {_SPEED_NOTE} {_device(runs)}.", frame.set_index("variant"))]
+                     f"DeepSeek-V2 Table 1). {_SPEED_NOTE} {_device(runs)}.", frame.set_index("variant")),
+              spikes_table("layouts_spikes", runs)]
     ok = frame[frame["status"] == "ok"]
     if ok.empty:
-        return tables, placeholder("Layouts", "no layout trained")
+        return tables, [placeholder("Layouts", "no layout trained")]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     sns.scatterplot(data=ok, x="tokens_per_s", y="final_val_loss", hue="variant", size="kv_bytes_per_token_bf16",
                     sizes=(60, 400), ax=a)
@@ -198,29 +284,35 @@ def layouts_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     sns.barplot(data=ok, x="variant", y="kv_bytes_per_token_bf16", ax=b)
     b.set_title("KV-cache bytes per token (bf16)")
     fig.tight_layout()
-    return tables, fig
+    return tables, [fig]
 
 
-def experiment_outputs(name: str, exp_dir: str | Path) -> tuple[list[Table], Figure]:
-    """The tables and the figure of experiment ``name`` from ``exp_dir``'s parquet files."""
+def _optional(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+
+
+def experiment_outputs(name: str, exp_dir: str | Path) -> tuple[list[Table], list[Figure]]:
+    """The tables and figures of experiment ``name`` from ``exp_dir``'s parquet files."""
     exp_dir = Path(exp_dir)
     runs = read_parquet(exp_dir / "runs.parquet")
     steps = read_parquet(exp_dir / "steps.parquet")
     if name == "divergence":
-        tables, fig = divergence_outputs(runs, steps, read_parquet(exp_dir / "divergence.parquet"),
-                                         read_parquet(exp_dir / "numerics.parquet"))
+        tables, figs = divergence_outputs(runs, steps, read_parquet(exp_dir / "divergence.parquet"),
+                                          read_parquet(exp_dir / "numerics.parquet"))
+    elif name == "fp8":
+        tables, figs = fp8_outputs(runs, steps, _optional(exp_dir / "fp8_layers.parquet"))
     else:
-        tables, fig = {"lr_sensitivity": lr_outputs, "fp8": fp8_outputs, "layouts": layouts_outputs}[name](runs, steps)
+        tables, figs = {"lr_sensitivity": lr_outputs, "layouts": layouts_outputs}[name](runs, steps)
     for table in tables:
         table.group = name
-    return tables, Figure(name, FIGURE_CAPTIONS[name], fig, group=name)
+    return tables, [Figure(figure, FIGURE_CAPTIONS[figure], fig, group=name) for figure, fig in zip(FIGURES[name], figs)]
 
 
 def build(experiments: dict[str, Path]) -> StageOutputs:
-    """Every experiment's tables and figure (experiment name -> the folder ``attnbench experiment run`` wrote)."""
+    """Every experiment's tables and figures (experiment name -> the folder ``attnbench experiment run`` wrote)."""
     outputs = StageOutputs()
     for name, exp_dir in experiments.items():
-        tables, figure = experiment_outputs(name, exp_dir)
+        tables, figures = experiment_outputs(name, exp_dir)
         outputs.tables += tables
-        outputs.figures.append(figure)
+        outputs.figures += figures
     return outputs

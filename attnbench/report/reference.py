@@ -19,6 +19,7 @@ Reports
 """
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -38,8 +39,51 @@ def _copy(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
+OLD_ROLES = {"reference": ("reference", ""), "backend": ("kernel", "sdpa-math"),
+             "precision": ("precision", "sdpa-math"), "seed": ("init_and_data_seed", "sdpa-math")}
+
+
+def upgrade(name: str, runs: pd.DataFrame, steps: pd.DataFrame, div: pd.DataFrame | None = None):
+    """(runs, steps, divergence) of the retired script's pretraining rows with today's columns: one seed (0)
+    whose initial weights and data order are both that seed; the runs' tags as today's divergence plan writes
+    them (sdpa-math the reference, every other backend a kernel arm against it, fp32 the precision arm, and
+    the old seed swap, which changed the initial weights and the data order together, as its own arm
+    ``init_and_data_seed``); both spike scores recomputed from the committed step logs at their definitions
+    (:func:`attnbench.train.stability.spike_summary`); the weight divergence's pooled Wasserstein distance kept
+    as ``wasserstein_pooled`` (today's per-tensor ``w1_mean`` and ``w1_max`` are empty)."""
+    from attnbench.train import experiments as ex
+    from attnbench.train import stability
+
+    runs, steps = runs.copy(), steps.copy()
+    if "init_seed" not in runs:
+        runs = runs.assign(init_seed=runs["seed"], data_seed=runs["seed"], seed=0)
+    spikes = {run: stability.spike_summary(s["loss"].to_numpy(float), s["grad_norm"].to_numpy(float))
+              for run, s in steps.groupby("run")}
+    columns = pd.DataFrame.from_dict(spikes, orient="index")
+    runs = runs.drop(columns=[c for c in columns if c in runs]).join(columns, on="run")
+    if name == "divergence" and "swap" in runs:
+        variant = {r["run"]: "sdpa-math" if r["swap"] == "reference" else
+                   r["backend"] if r["swap"] == "backend" else f"sdpa-math-{r['run'].rsplit('-', 1)[-1]}"
+                   for _, r in runs.iterrows()}
+        runs = runs.assign(variant=runs["run"].map(variant), role=runs["swap"].map(lambda s: OLD_ROLES[s][0]),
+                           compare_to=runs["swap"].map(lambda s: OLD_ROLES[s][1]))
+    if name == "fp8" and "mlp_variant" not in runs:
+        runs = runs.assign(mlp_variant="gelu", variant=runs["precision"])
+    if div is not None and "swap" in div:
+        names = dict(zip(runs["run"], runs["variant"]))
+        arms = {s: OLD_ROLES[s][0] for s in OLD_ROLES}
+        div = pd.DataFrame({"arm": div["swap"].map(arms), "reference": "sdpa-math", "variant": div["run"].map(names),
+                            "seed": 0, "step": div["step"], "max_abs": div["max_abs"], "rel_l2": div["rel_l2"],
+                            "w1_mean": math.nan, "w1_max": math.nan, "wasserstein_pooled": div["wasserstein"]})
+        rows = runs.set_index("variant")
+        div["label"] = [ex._label(a, v, "sdpa-math", rows.loc[v].to_dict(), rows.loc["sdpa-math"].to_dict())
+                        for a, v in zip(div["arm"], div["variant"])]
+    return runs, steps, div
+
+
 def _pretrain(rows: Path, out: Path) -> list[str]:
-    """Split the single runs/steps files into one folder per experiment (the layout `experiment run` writes)."""
+    """Split the single runs/steps files into one folder per experiment (the layout `experiment run` writes),
+    brought to today's columns (:func:`upgrade`)."""
     from attnbench.train import experiments as ex
 
     runs = pd.read_parquet(rows / "pretrain_runs.parquet")
@@ -47,16 +91,18 @@ def _pretrain(rows: Path, out: Path) -> list[str]:
     extra_path = rows / "pretrain_divergence.parquet"
     extra = pd.read_parquet(extra_path) if extra_path.is_file() else pd.DataFrame(columns=["table"])
     names = [name for name in ex.EXPERIMENTS if (runs["experiment"] == name).any()]
+    # one file holds both divergence tables: a column only the other table has is all empty here
+    own = {t: extra[extra["table"] == t].drop(columns="table").dropna(axis=1, how="all") for t in DIVERGENCE_TABLES}
     for name in names:
         folder = paths.within(out, paths.PRETRAIN_DIR, experiment=name)
         folder.mkdir(parents=True, exist_ok=True)
-        runs[runs["experiment"] == name].to_parquet(folder / "runs.parquet", index=False)
-        steps[steps["experiment"] == name].to_parquet(folder / "steps.parquet", index=False)
+        exp_runs, exp_steps, div = upgrade(name, runs[runs["experiment"] == name], steps[steps["experiment"] == name],
+                                           own["weight_divergence"] if name == "divergence" else None)
+        exp_runs.to_parquet(folder / "runs.parquet", index=False)
+        exp_steps.to_parquet(folder / "steps.parquet", index=False)
         if name == "divergence":
-            for table, file in DIVERGENCE_TABLES.items():
-                # one file held both tables: a column only the other table has is all empty here
-                own = extra[extra["table"] == table].drop(columns="table").dropna(axis=1, how="all")
-                own.to_parquet(folder / file, index=False)
+            div.to_parquet(folder / DIVERGENCE_TABLES["weight_divergence"], index=False)
+            own["numerics_vs_fp64"].to_parquet(folder / DIVERGENCE_TABLES["numerics_vs_fp64"], index=False)
     return names
 
 

@@ -108,9 +108,9 @@ def _pretrain(results: Path, parts: tuple[str, ...]) -> StageOutputs:
 
 
 def _pretrain_names(parts: tuple[str, ...]):
-    from attnbench.report.pretrain import OUTPUTS
+    from attnbench.report.pretrain import FIGURES, OUTPUTS
 
-    return tuple(t for name in parts for t in OUTPUTS[name]), tuple(parts)
+    return tuple(t for name in parts for t in OUTPUTS[name]), tuple(f for name in parts for f in FIGURES[name])
 
 
 def _read_optional(path: Path) -> pd.DataFrame:

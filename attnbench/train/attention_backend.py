@@ -5,7 +5,8 @@ backward on CPU; SDPA's flash kernel wants equal q/k/v head dims, which naive ML
 does not have) is found before the first step, by one forward and backward at the
 layer's shape, and the run ends as ``unsupported`` with the backend's own reason.
 ``backend: auto`` times every available backend that passes the check on the
-layer's shape and keeps the fastest.
+layer's shape and keeps the fastest. A backend that is not available here at all (not
+installed, no CUDA device) makes the run an ``unavailable`` row instead.
 """
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ from attnbench.kernels.registry import all_backends, get_backend, safe_available
 
 class BackendUnsupported(RuntimeError):
     """The backend cannot run this training shape here; the message says why."""
+
+
+class BackendUnavailable(BackendUnsupported):
+    """The backend cannot run here at all (not installed, no device); the message says why."""
 
 
 def _tensors(case: Case, device: str, dtype: torch.dtype):
@@ -37,7 +42,7 @@ def check_backend(name: str, case: Case, device: str, dtype: torch.dtype) -> Non
     """One forward + backward of ``name`` at ``case``'s shape; raises BackendUnsupported with the reason."""
     ok, reason = safe_available(get_backend(name))
     if not ok:
-        raise BackendUnsupported(f"backend {name} is unavailable: {reason}")
+        raise BackendUnavailable(f"backend {name} is unavailable: {reason}")
     try:
         _fwd_bwd(name, case, *_tensors(case, device, dtype))
     except Exception as err:  # the backend's own refusal is the reason

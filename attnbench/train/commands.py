@@ -24,15 +24,16 @@ def _threads(device: str, threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _peak_cache(args) -> dict:
-    """Matmul ceilings per dtype from ``--ceilings`` (``attnbench ceilings``), else measured when first needed."""
+def _peak_cache(args, device: str) -> dict:
+    """``{matmul dtype: (FLOP/s, source)}`` from ``--ceilings`` (``attnbench ceilings``: the pipeline's ceilings job,
+    measured alone on its GPU), else empty: measured when first needed."""
     if not args.ceilings:
         return {}
     from attnbench.bench.ceilings import Ceilings
-    from attnbench.train.precision import PRECISIONS, get_precision
+    from attnbench.bench.provenance import environment
+    from attnbench.train.experiments import ceiling_cache
 
-    ceilings = Ceilings.load(args.ceilings)
-    return {d: ceilings.peak_flops(d) for d in {get_precision(p).matmul_dtype for p in PRECISIONS}}
+    return ceiling_cache(Ceilings.load(args.ceilings), environment(device)["device_name"], args.ceilings)
 
 
 def _find_run(plan, name: str):
@@ -62,10 +63,12 @@ def _cmd_train(args) -> int:
     plan = load_plan(args.config, args.device)
     _threads(plan.device, args.threads or plan.view["pretrain"]["threads"])
     spec = _find_run(plan, args.run)
-    peak = peak_flops_for(plan.device, get_precision(spec.train.precision).matmul_dtype, _peak_cache(args))
-    summary = train(spec, args.out, plan.device, peak_flops=peak, progress=not args.no_progress)
-    keys = ("run", "status", "reason", "steps_done", "final_val_loss", "spike_score_loss", "spike_score_grad",
-            "nonfinite_steps", "tokens_per_s", "tokens_per_s_iqr", "mfu")
+    peak, source = peak_flops_for(plan.device, get_precision(spec.train.precision).matmul_dtype,
+                                  _peak_cache(args, plan.device))
+    summary = train(spec, args.out, plan.device, peak_flops=peak, peak_flops_source=source,
+                    progress=not args.no_progress)
+    keys = ("run", "status", "reason", "steps_done", "final_val_loss", "spike_score_olmo2_paper_loss",
+            "spike_score_olmo_core_any", "nonfinite_steps", "tokens_per_s", "tokens_per_s_iqr", "mfu", "gpu_sharing")
     print(json.dumps({k: summary.get(k) for k in keys}, default=str))
     return 0 if summary.get("status") in ("ok", "diverged", "unavailable", "unsupported") else 1
 
@@ -85,10 +88,11 @@ def _cmd_experiment(args) -> int:
 
     job = read_job(args.job, ("pretrain",))
     _threads(job["device"], args.threads or job["threads"])
-    frames = ex.run_experiment(job, args.out, progress=not args.no_progress, peak_cache=_peak_cache(args))
+    frames = ex.run_experiment(job, args.out, progress=not args.no_progress,
+                               peak_cache=_peak_cache(args, job["device"]))
     runs = frames["runs"]
-    cols = [c for c in ("run", "status", "final_val_loss", "spike_score_loss", "tokens_per_s", "tokens_per_s_iqr",
-                        "mfu") if c in runs]
+    cols = [c for c in ("run", "status", "final_val_loss", "spike_score_olmo_core_any", "tokens_per_s",
+                        "tokens_per_s_iqr", "mfu", "gpu_sharing") if c in runs]
     print(runs[cols].to_string(index=False), file=sys.stderr)
     return 0
 

@@ -12,18 +12,25 @@ Sources (``pretrain.data.source``):
 
 Split: the first ``1 - val_fraction`` of the bytes train, the rest validate
 (contiguous, so no window straddles both). Order: the batch of step ``t`` is drawn
-from a generator seeded with ``(seed, t)``, so it depends on nothing else: a resumed
-run sees the same batches, and two runs with the same seed see the same data.
+from a generator seeded with ``(data_seed, t)`` (``train.data_seed``, apart from the
+model's ``train.init_seed``), so it depends on nothing else: a resumed run sees the same
+batches, and two runs with the same data seed see the same data in the same order.
 Validation windows are fixed, evenly spaced and shared by every run.
+
+A training run reads its batches through :class:`BatchSource`; :class:`TokenData` is one,
+and a stage may hand the loop another (the context stage's passkey mixture,
+:class:`attnbench.context.passkey.PasskeyMixture`).
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -50,7 +57,7 @@ class DataConfig:
     source: str = "shakespeare"
     path: str | None = None        # source: file
     val_fraction: float = 0.1
-    seed: int = 1234               # synthetic generator seed (the batch order follows the run's train seed)
+    seed: int = 1234               # synthetic generator seed (the batch order follows train.data_seed)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __post_init__(self):
@@ -124,6 +131,22 @@ def markov_tokens(cfg: SyntheticConfig, seed: int) -> tuple[np.ndarray, np.ndarr
     return np.asarray(out, dtype=np.int64), np.asarray(per_position)
 
 
+class BatchSource(Protocol):
+    """What the training loop reads: seeded training batches, fixed validation batches, and an identity.
+
+    ``name`` and ``sha256`` identify the data in run summaries and in the run's identity hash, so
+    they must change whenever the batches would.
+    """
+
+    name: str
+    sha256: str
+    loss_floor: float
+
+    def train_batch(self, step: int, seed: int, batch_size: int, seq_len: int, device: str): ...
+
+    def val_batches(self, n_batches: int, batch_size: int, seq_len: int, device: str): ...
+
+
 @dataclass
 class TokenData:
     """Byte tokens split into train and validation, with what identifies them."""
@@ -164,8 +187,9 @@ def _split(raw: np.ndarray, val_fraction: float) -> tuple[torch.Tensor, torch.Te
     return tokens[:cut], tokens[cut:], cut
 
 
+@functools.lru_cache(maxsize=4)  # an experiment's runs share their data: read (and hash) it once per process
 def load_tokens(cfg: DataConfig) -> TokenData:
-    """Read or generate the bytes, record their SHA-256, split them."""
+    """Read or generate the bytes, record their SHA-256, split them (read-only tensors: callers index, never write)."""
     if cfg.source == "synthetic":
         symbols, entropy = markov_tokens(cfg.synthetic, cfg.seed)
         raw = (symbols + SYMBOL_OFFSET).astype(np.uint8)

@@ -1,32 +1,50 @@
 """The four pretraining experiments: plans (lists of runs), running them, and their result frames.
 
-* ``divergence`` (Golden et al. 2024, "Is Flash Attention Stable?"): runs that differ
-  from a reference only in the attention backend, only in the seed, or only in the
-  precision (fp16 vs fp32 by default); weight divergence to the reference (max abs,
-  relative L2, 1-Wasserstein) at snapshot steps; plus each backend's attention-output
-  and gradient error against fp64 at the model's own attention shape
-  (:mod:`attnbench.bench.numerics`).
-* ``lr_sensitivity`` (Wortsman et al. 2023): final loss against learning rate for each
-  variant (default: baseline, and qk-layernorm with z-loss 1e-4), the LR-sensitivity
-  score, and the max attention logit over steps.
-* ``fp8``: bf16 against the FP8 recipes (torchao tensorwise, rowwise; MXFP8, emulated by
-  attnbench where torchao cannot run it): loss gap, spike score, and scale statistics of
-  every recipe on every run's tensors.
+* ``divergence`` (Golden et al. 2024, "Is Flash Attention Stable?"): at every seed, runs that
+  differ from a reference in one thing each, and their weight divergence to it at snapshot steps
+  (max |W - W_ref|, relative L2, per-tensor W1: :func:`attnbench.train.stability.weight_divergence`)
+  and per-step loss gap. Arms (the ``arm`` column):
+
+  - ``replicate``: the reference's own configuration again (the nondeterminism floor; exactly 0
+    where the run is deterministic, as on a CPU);
+  - ``kernel``: another attention backend at the same precision, against every reference listed
+    before it (``references``: sdpa-math, which upcasts fp16/bf16 to fp32 inside, and eager, which
+    computes its scores in the input dtype, so a kernel swap is not also a precision swap);
+  - ``precision``: the first reference at each of ``swap_precisions`` instead of ``precision``;
+  - ``init_seed``: the first reference with ``init_seed + seed_offset`` (same data order);
+  - ``data_order``: the first reference with ``data_seed + seed_offset`` (same initial weights).
+
+  Plus each backend's attention-output and gradient error against fp64 at the model's own
+  attention shape (:mod:`attnbench.bench.numerics`), joined to its arms.
+* ``lr_sensitivity`` (Wortsman et al. 2023, §2.2): final loss against learning rate for each
+  variant (default: baseline, and qk-layernorm with z-loss 1e-4) at every seed; the LR sensitivity
+  per seed over the whole grid (diverged and truncated runs included) and its interval.
+* ``fp8``: bf16 (at every seed: the noise band) against the FP8 recipes (torchao tensorwise, rowwise;
+  MXFP8, emulated by attnbench where torchao cannot run it), and a SwiGLU MLP with and without
+  Smooth-SwiGLU (Fishman et al. 2024) at ``swiglu_precisions``: loss gap over steps against the
+  band, spike scores, and FP8 scale statistics per layer.
 * ``layouts``: mha/gqa/mqa/mla at matched parameter counts (the MLP width absorbs the
   difference, Shazeer 2019): loss vs tokens/s vs KV bytes/token.
 
 Every experiment is a list of :class:`~attnbench.train.loop.RunSpec` derived from
 ``pretrain.model`` / ``pretrain.train`` (with ``pretrain.cuda`` merged over them on a
-GPU), so one config describes both the CPU default and the GPU scale.
+GPU), so one config describes both the CPU default and the GPU scale. ``pretrain.select.runs``
+(names or shell-style patterns) picks the runs a sweep trains now; the experiment's other runs
+enter its tables when an earlier sweep finished them, else as ``skipped`` rows. So an experiment
+can be trained in parts (one seed at a time) and every part's tables hold everything done so far.
 """
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import functools
+import json
 import math
 import sys
 import time
 import traceback
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +59,20 @@ from attnbench.models.gpt import GPTConfig, count_params, match_params
 from attnbench.train import stability
 from attnbench.train.checkpoint import load_weights
 from attnbench.train.data import DataConfig
+from attnbench.train.intervals import interval_columns
 from attnbench.train.loop import RunSpec, TrainConfig, train
 from attnbench.train.precision import get_precision
 
 EXPERIMENTS = ("divergence", "lr_sensitivity", "fp8", "layouts")
+TRAINED = ("ok", "diverged", "truncated")  # statuses whose step log and summary hold training results
+
+
+@dataclass
+class ExperimentPlan:
+    """An experiment's runs, and the names of those this sweep trains now (``pretrain.select.runs``)."""
+
+    runs: list[RunSpec]
+    train: list[str]
 
 
 def base_configs(pre: dict) -> tuple[GPTConfig, TrainConfig, DataConfig]:
@@ -70,8 +98,16 @@ def plan_runs(pre: dict, name: str) -> list[RunSpec]:
             "layouts": _plan_layouts}[name](model, tcfg, data, exp)
 
 
-def plan_experiments(pre: dict) -> dict[str, list[RunSpec]]:
-    """``pretrain.select``: the chosen experiments, each with its chosen runs; every backend name checked.
+def selected(names: list[str], patterns: list[str]) -> list[str]:
+    """The names matching any of ``patterns`` (exact names or shell-style patterns, ``fnmatch``); all without."""
+    if not patterns:
+        return list(names)
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def plan_experiments(pre: dict) -> dict[str, ExperimentPlan]:
+    """``pretrain.select``: the chosen experiments, each with all its runs and those to train now; every
+    backend name checked.
 
     Errors name the key under ``pretrain``. Backends are checked against the registry here, at
     planning time, not when a run starts.
@@ -84,20 +120,19 @@ def plan_experiments(pre: dict) -> dict[str, list[RunSpec]]:
     except ConfigError as err:
         raise ConfigError(str(err) if str(err).startswith("pretrain.") else f"pretrain.{err}") from None
     names = [s.name for runs in plans.values() for s in runs]
-    unknown = sorted(set(pre["select"]["runs"]) - set(names))
-    if unknown:
-        raise ConfigError(f"pretrain.select.runs: {unknown[0]!r} is not a planned run; allowed: {', '.join(names)}")
+    for pattern in pre["select"]["runs"]:
+        if not selected(names, [pattern]):
+            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            raise ConfigError(f"pretrain.select.runs: {pattern!r} is not a planned run and matches none; allowed: "
+                              f"run names or patterns of the selected experiments ({shown}; attnbench experiment list)")
     for runs in plans.values():
         for spec in runs:
             for backend in [spec.model.backend, *spec.train.backend_candidates]:
                 if backend != "auto" and backend not in known:
                     raise ConfigError(f"pretrain: run {spec.name} names backend={backend!r}, which is not known; "
                                       f"allowed: auto, {', '.join(known)}")
-    if pre["select"]["runs"]:
-        keep = set(pre["select"]["runs"])
-        plans = {name: [s for s in runs if s.name in keep] for name, runs in plans.items()}
-        plans = {name: runs for name, runs in plans.items() if runs}
-    return plans
+    return {name: ExperimentPlan(runs, selected([s.name for s in runs], pre["select"]["runs"]))
+            for name, runs in plans.items()}
 
 
 def _spec(name: str, model: GPTConfig, tcfg: TrainConfig, data: DataConfig, experiment: str, **tags) -> RunSpec:
@@ -105,38 +140,60 @@ def _spec(name: str, model: GPTConfig, tcfg: TrainConfig, data: DataConfig, expe
 
 
 def _plan_divergence(model, tcfg, data, exp) -> list[RunSpec]:
-    ref_backend, *others = exp["backends"]
-    seed, swap_seed = exp["seeds"]
+    refs = list(exp["references"])
+    backends = refs + [k for k in exp["kernels"] if k not in refs]
+    precision, offset = exp["precision"], exp["seed_offset"]
     # Uncompiled: Inductor rewrites eager attention into SDPA patterns, which would blur the kernel swap.
-    ref_train = dataclasses.replace(tcfg, precision=exp["precision"], seed=seed, compile=False,
+    ref_train = dataclasses.replace(tcfg, precision=precision, compile=False,
                                     snapshot_steps=_snapshot_steps(tcfg.steps, exp["snapshots"]))
-    ref_model = dataclasses.replace(model, backend=ref_backend)
-    runs = [_spec("reference", ref_model, ref_train, data, "divergence", swap="reference", variant=ref_backend)]
-    runs += [_spec(f"backend-{b}", dataclasses.replace(ref_model, backend=b), ref_train, data, "divergence",
-                   swap="backend", variant=b) for b in others]
-    runs.append(_spec(f"seed-{swap_seed}", ref_model, dataclasses.replace(ref_train, seed=swap_seed), data,
-                      "divergence", swap="seed", variant=f"seed {swap_seed}"))
-    runs.append(_spec(f"precision-{exp['swap_precision']}", ref_model,
-                      dataclasses.replace(ref_train, precision=exp["swap_precision"]), data, "divergence",
-                      swap="precision", variant=f"{exp['swap_precision']} vs {exp['precision']}"))
+    runs = []
+    for seed in exp["seeds"]:  # seed-major: a sweep cut short leaves whole seeds
+        seeded = dataclasses.replace(ref_train, init_seed=seed, data_seed=seed)
+
+        def add(variant, role, compare_to, backend, train_cfg=seeded):
+            runs.append(_spec(f"{variant}/s{seed}", dataclasses.replace(model, backend=backend), train_cfg, data,
+                              "divergence", variant=variant, role=role, compare_to=",".join(compare_to),
+                              seed=seed, backend=backend))
+
+        for b in backends:
+            add(b, "reference" if b in refs else "kernel", refs[:refs.index(b)] if b in refs else refs, b)
+        for r in refs:
+            add(f"{r}-replicate", "replicate", [r], r)
+        for p in exp["swap_precisions"]:
+            add(f"{refs[0]}-{p}", "precision", [refs[0]], refs[0], dataclasses.replace(seeded, precision=p))
+        add(f"{refs[0]}-init", "init_seed", [refs[0]], refs[0], dataclasses.replace(seeded, init_seed=seed + offset))
+        add(f"{refs[0]}-data", "data_order", [refs[0]], refs[0], dataclasses.replace(seeded, data_seed=seed + offset))
     return runs
 
 
 def _plan_lr(model, tcfg, data, exp) -> list[RunSpec]:
     runs = []
-    for variant, over in exp["variants"].items():
-        vmodel = GPTConfig.from_dict({**model.to_dict(), **over.get("model", {})})
-        vtrain = TrainConfig.from_dict({**dataclasses.asdict(tcfg), **over.get("train", {})})
-        for lr in exp["lrs"]:
-            runs.append(_spec(f"{variant}/lr{lr:g}", vmodel, dataclasses.replace(vtrain, lr=float(lr)), data,
-                              "lr_sensitivity", variant=variant))
+    for seed in exp["seeds"]:
+        for variant, over in exp["variants"].items():
+            vmodel = GPTConfig.from_dict({**model.to_dict(), **over.get("model", {})})
+            vtrain = TrainConfig.from_dict({**dataclasses.asdict(tcfg), **over.get("train", {})})
+            for lr in exp["lrs"]:
+                t = dataclasses.replace(vtrain, lr=float(lr), init_seed=seed, data_seed=seed)
+                runs.append(_spec(f"{variant}/lr{lr:g}/s{seed}", vmodel, t, data, "lr_sensitivity", variant=variant,
+                                  seed=seed))
     return runs
 
 
 def _plan_fp8(model, tcfg, data, exp) -> list[RunSpec]:
-    stats = tuple(exp["stats"])
-    return [_spec(p, model, dataclasses.replace(tcfg, precision=p, fp8_stats=stats), data, "fp8", variant=p)
-            for p in exp["precisions"]]
+    stats, seeds = tuple(exp["stats"]), exp["seeds"]
+    base, *others = exp["precisions"]
+
+    def spec(variant, mlp_variant, m, precision, seed):
+        t = dataclasses.replace(tcfg, precision=precision, fp8_stats=stats, init_seed=seed, data_seed=seed)
+        return _spec(f"{variant}/s{seed}", m, t, data, "fp8", variant=variant, mlp_variant=mlp_variant, seed=seed)
+
+    runs = [spec(base, model.mlp, model, base, s) for s in seeds]
+    runs += [spec(p, model.mlp, model, p, seeds[0]) for p in others]
+    for smooth in (False, True):
+        name = "smooth-swiglu" if smooth else "swiglu"
+        m = dataclasses.replace(model, mlp="swiglu", smooth_swiglu=smooth, d_ff=None)
+        runs += [spec(f"{name}-{p}", name, m, p, seeds[0]) for p in exp["swiglu_precisions"]]
+    return runs
 
 
 def _plan_layouts(model, tcfg, data, exp) -> list[RunSpec]:
@@ -161,64 +218,105 @@ def run_dir(out_dir: str | Path, spec: RunSpec) -> Path:
     return Path(out_dir) / "runs" / spec.name.split("/", 1)[1].replace("/", "__")
 
 
-def peak_flops_for(device: str, matmul_dtype: str, cache: dict) -> float:
-    """The measured matmul ceiling of ``matmul_dtype`` here (:mod:`attnbench.bench.ceilings`), measured once."""
+def ceiling_cache(ceilings, run_device_name: str, path: str = "") -> dict:
+    """``{matmul dtype: (FLOP/s, source)}`` from a ceilings file (``attnbench ceilings``, the pipeline's ceilings
+    job, which measures under the same GPU lease as every job, so alone on its GPU).
+
+    A ceiling measured on another device model gives no MFU: its rates are NaN with the reason as source.
+    """
+    from attnbench.train.precision import PRECISIONS
+
+    dtypes = {get_precision(p).matmul_dtype for p in PRECISIONS}
+    where = f"ceilings job ({path or 'file'}; {ceilings.device_name}, measured {ceilings.measured_at or '?'})"
+    if ceilings.device_name and run_device_name and ceilings.device_name != run_device_name:
+        why = f"no MFU: the ceilings were measured on {ceilings.device_name}, this run is on {run_device_name}"
+        return {d: (math.nan, why) for d in dtypes}
+    return {d: (ceilings.peak_flops(d), where) for d in dtypes}
+
+
+def peak_flops_for(device: str, matmul_dtype: str, cache: dict) -> tuple[float, str]:
+    """(the measured matmul ceiling of ``matmul_dtype`` here, where it was measured); measured once per process
+    when no ceilings file gave it (:mod:`attnbench.bench.ceilings`)."""
     if matmul_dtype not in cache:
         from attnbench.bench.ceilings import Ceilings, measure_matmul
 
         rates = {d: measure_matmul(device, d) for d in {matmul_dtype, "fp32"}}
-        cache[matmul_dtype] = Ceilings(device, "", math.nan, {k: v for k, v in rates.items() if v == v}
-                                       ).peak_flops(matmul_dtype)
+        rate = Ceilings(device, "", math.nan, {k: v for k, v in rates.items() if v == v}).peak_flops(matmul_dtype)
+        cache[matmul_dtype] = (rate, "measured by this job before its runs")
     return cache[matmul_dtype]
+
+
+def _finished(spec: RunSpec, folder: Path) -> dict | None:
+    """The summary of a run an earlier sweep trained with this exact config, if there is one."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("config_hash") == spec.config_hash else None
 
 
 def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
                    peak_cache: dict | None = None) -> dict[str, pd.DataFrame]:
-    """Train every run of an experiment job (``plan/pretrain/<experiment>.json``; finished runs are kept,
-    killed ones resume), then write the frames.
+    """Train the job's selected runs (``plan/pretrain/<experiment>.json``: ``runs``, and ``train``, the names to
+    train now), then write the frames of every run of the experiment.
 
-    Writes ``steps.parquet`` (every run's step log), ``runs.parquet`` (one summary per
-    run) and, for divergence, ``divergence.parquet`` and ``numerics.parquet``. With the job's
-    ``time_limit_s``, runs still going at the limit end ``truncated`` (and resume next time);
-    runs not started by then are ``skipped`` rows. With ``compile_fallback``, a compiled run that
-    raises is run again uncompiled.
+    Finished runs are kept and killed ones resume. A run not selected enters the frames if an earlier
+    sweep finished it with the same config, else as a ``skipped`` row. Writes ``steps.parquet`` (every
+    run's step log), ``runs.parquet`` (one summary per run) and, for divergence, ``divergence.parquet``
+    and ``numerics.parquet``, for fp8 ``fp8_layers.parquet``. With the job's ``time_limit_s``, runs
+    still going at the limit end ``truncated`` (and resume next time); runs not started by then are
+    ``skipped`` rows. With ``compile_fallback``, a compiled run that raises is run again uncompiled.
     """
     out = Path(out_dir)
     name, device = job["experiment"], job["device"]
     specs = [RunSpec.from_dict(d) for d in job["runs"]]
+    to_train = set(job.get("train", [s.name for s in specs]))
     cache = {} if peak_cache is None else peak_cache  # matmul ceilings, measured once per process
     limit = job.get("time_limit_s")
     deadline = time.monotonic() + limit if limit else None
-    summaries, steps = [], []
+    summaries, steps, layers = [], [], []
     for spec in specs:
-        if deadline is not None and time.monotonic() > deadline:
-            summaries.append({"run": spec.name, **spec.tags, "status": "skipped",
-                              "reason": f"not started: the experiment's time_limit_s={limit:g} had passed"})
-            continue
-        precision = get_precision(spec.train.precision)
-        peak = peak_flops_for(device, precision.matmul_dtype, cache)
-        print(f"attnbench experiment {name}: {spec.name}", file=sys.stderr, flush=True)
-        summaries.append(_train_guarded(spec, run_dir(out, spec), device, peak, progress, deadline,
-                                        job.get("compile_fallback", False)))
-        path = run_dir(out, spec) / "steps.parquet"
-        if path.is_file():
-            steps.append(pd.read_parquet(path).assign(**{k: str(v) for k, v in spec.tags.items()}))
+        folder = run_dir(out, spec)
+        if spec.name not in to_train:
+            done = _finished(spec, folder)
+            summaries.append(done or {"run": spec.name, **spec.tags, "status": "skipped",
+                                      "reason": "not selected by pretrain.select.runs, and no earlier sweep ran it"})
+        elif deadline is not None and time.monotonic() > deadline:
+            summaries.append(_finished(spec, folder) or {
+                "run": spec.name, **spec.tags, "status": "skipped",
+                "reason": f"not started: the experiment's time_limit_s={limit:g} had passed"})
+        else:
+            precision = get_precision(spec.train.precision)
+            peak, source = peak_flops_for(device, precision.matmul_dtype, cache)
+            print(f"attnbench experiment {name}: {spec.name}", file=sys.stderr, flush=True)
+            summaries.append(_train_guarded(spec, folder, device, peak, source, progress, deadline,
+                                            job.get("compile_fallback", False)))
+        for file, into in (("steps.parquet", steps), ("fp8_layers.parquet", layers)):
+            if summaries[-1].get("status") in TRAINED and (folder / file).is_file():
+                into.append(pd.read_parquet(folder / file).assign(**{k: str(v) for k, v in spec.tags.items()}))
+    pending = sum(s.get("status") in ("skipped", "truncated") for s in summaries)
+    if pending:
+        print(f"attnbench experiment {name}: {pending} of {len(specs)} runs are skipped or truncated; finished runs "
+              "are kept, so running the job again (with these runs selected) continues them", file=sys.stderr)
     frames = {"runs": pd.DataFrame(summaries),
               "steps": pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()}
     if name == "divergence":
         frames["divergence"] = divergence_frame(specs, out, device)
         frames["numerics"] = numerics_frame(specs, device)
+    if name == "fp8":
+        frames["fp8_layers"] = pd.concat(layers, ignore_index=True) if layers else pd.DataFrame()
     for key, frame in frames.items():
         write_atomic(frame, out / f"{key}.parquet")
     return frames
 
 
-def _train_guarded(spec: RunSpec, folder: Path, device: str, peak: float, progress: bool, deadline: float | None,
-                   compile_fallback: bool) -> dict:
+def _train_guarded(spec: RunSpec, folder: Path, device: str, peak: float, source: str, progress: bool,
+                   deadline: float | None, compile_fallback: bool) -> dict:
     """One run; an exception is a summary row (a failing run never ends the experiment)."""
+    kwargs = {"peak_flops": peak, "peak_flops_source": source, "progress": progress, "deadline": deadline}
     try:
         try:
-            return train(spec, folder, device, peak_flops=peak, progress=progress, deadline=deadline)
+            return train(spec, folder, device, **kwargs)
         except Exception as err:
             if not (compile_fallback and spec.train.compile):
                 raise
@@ -226,83 +324,167 @@ def _train_guarded(spec: RunSpec, folder: Path, device: str, peak: float, progre
             note = f"compiled run failed ({first_line(err)}); ran uncompiled"
             print(f"{spec.name}: {note}", file=sys.stderr, flush=True)
             uncompiled = dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile=False))
-            summary = train(uncompiled, folder, device, peak_flops=peak, progress=progress, deadline=deadline)
+            summary = train(uncompiled, folder, device, **kwargs)
             return {**summary, "reason": "; ".join(r for r in (summary.get("reason"), note) if r)}
     except Exception as err:  # one failing run (OOM, a compile error) is a row, not the end of the sweep
         traceback.print_exc()
         return {"run": spec.name, **spec.tags, "status": "error", "reason": first_line(err)}
 
 
+# ---------------------------------------------------------------- divergence
+
+ARM_OF_ROLE = {"reference": "kernel", "kernel": "kernel", "replicate": "replicate", "precision": "precision",
+               "init_seed": "init_seed", "data_order": "data_order"}
+ARMS = ("replicate", "kernel", "precision", "init_seed", "data_order")
+DIVERGENCE_COLUMNS = ["arm", "label", "reference", "variant", "seed", "step", *stability.DIVERGENCE_METRICS]
+
+
+def _label(arm: str, variant: str, reference: str, row: dict, ref_row: dict) -> str:
+    if arm == "replicate":
+        return f"{reference} replicate"
+    if arm == "kernel":
+        return f"{row.get('backend', variant)} vs {reference}"
+    if arm == "precision":
+        return f"{row.get('precision')} vs {ref_row.get('precision')} ({reference})"
+    if arm in ("init_seed", "data_order"):
+        return f"{'init seed' if arm == 'init_seed' else 'data order'} swap ({reference})"
+    return f"{variant} vs {reference}"  # a role this module does not plan (rows of an older layout): its own arm
+
+
+def divergence_pairs(rows: list[dict]) -> list[dict]:
+    """Every (reference run, swap run) pair of a divergence experiment, per seed, from the runs' tags
+    (``variant``, ``role``, ``compare_to``, ``seed``) and precisions: arm, label, reference, variant, seed,
+    and the two run names."""
+    by_key = {(r["variant"], int(r["seed"])): r for r in rows}
+    pairs = []
+    for r in rows:
+        for ref in [c for c in str(r.get("compare_to") or "").split(",") if c]:
+            ref_row = by_key.get((ref, int(r["seed"])))
+            if ref_row is None:
+                continue
+            arm = ARM_OF_ROLE.get(r["role"], r["role"])
+            pairs.append({"arm": arm, "label": _label(arm, r["variant"], ref, r, ref_row), "reference": ref,
+                          "variant": r["variant"], "seed": int(r["seed"]), "run": r["run"],
+                          "reference_run": ref_row["run"]})
+    return pairs
+
+
+def _spec_rows(specs: list[RunSpec]) -> list[dict]:
+    return [{"run": s.name, **s.tags, "precision": s.train.precision} for s in specs]
+
+
 def divergence_frame(specs: list[RunSpec], out: Path, device: str = "cpu") -> pd.DataFrame:
-    """Weight divergence of every swap run to the reference at each snapshot both runs saved (computed on ``device``)."""
-    ref = specs[0]
+    """Weight divergence of every pair (:func:`divergence_pairs`) at each snapshot both runs saved (on ``device``)."""
+    by_name = {s.name: s for s in specs}
+    load = functools.lru_cache(maxsize=16)(load_weights)  # references recur; weights only, never code
     rows = []
-    for spec in specs[1:]:
+    for pair in sorted(divergence_pairs(_spec_rows(specs)), key=lambda p: p["reference_run"]):
+        ref, other = by_name[pair["reference_run"]], by_name[pair["run"]]
         for step in ref.train.snapshot_steps:
-            a, b = (run_dir(out, s) / "snapshots" / f"{step}.pt" for s in (ref, spec))
+            a, b = (run_dir(out, s) / "snapshots" / f"{step}.pt" for s in (ref, other))
             if not (a.is_file() and b.is_file()):
                 continue
-            div = stability.weight_divergence(load_weights(a), load_weights(b), device)
-            rows.append({"run": spec.name, "swap": spec.tags["swap"], "variant": spec.tags["variant"],
-                         "step": step, **div})
-    return pd.DataFrame(rows, columns=["run", "swap", "variant", "step", "max_abs", "rel_l2", "wasserstein"])
+            div = stability.weight_divergence(load(a), load(b), device)
+            rows.append({k: pair[k] for k in ("arm", "label", "reference", "variant", "seed")} | {"step": step, **div})
+    return pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS)
 
 
-def loss_gaps(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.Series | None, list[tuple[pd.Series, pd.Series]]]:
-    """The reference run's summary row, and each swap run's (summary row, per-step train loss minus the reference's).
-
-    The backend and precision swaps see the reference's batches in the reference's order (the training seed sets
-    both the initial weights and the batch order; the seed swap changes both), so their per-step difference of
-    training loss isolates what the swap changed, at the resolution of the loss rather than the weights (which
-    :func:`divergence_frame` compares at snapshots). Steps only one of the two runs logged are left out.
-    """
-    ref = runs[runs["swap"] == "reference"]
-    if ref.empty:
-        return None, []
-    ref_run = ref.iloc[0]
-
-    def loss(run: pd.Series) -> pd.Series:
-        return steps.loc[steps["run"] == run["run"], ["step", "loss"]].set_index("step")["loss"]
-
-    ref_loss = loss(ref_run)
-    return ref_run, [(run, (loss(run) - ref_loss).dropna()) for _, run in runs[runs["swap"] != "reference"].iterrows()]
+def _loss(steps: pd.DataFrame, run: str) -> pd.Series:
+    if steps.empty:
+        return pd.Series(dtype=float)
+    return steps.loc[steps["run"] == run, ["step", "loss"]].set_index("step")["loss"]
 
 
 def loss_divergence_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Each swap run's loss against the reference run's (:func:`loss_gaps`): final val-loss gap, RMS and max
-    per-step train-loss gap."""
-    ref_run, gaps = loss_gaps(runs, steps)
-    rows = [{"swap": run["swap"], "variant": run["variant"], "status": run["status"],
-             "steps_compared": len(gap), "final_val_loss": run["final_val_loss"],
-             "val_loss_gap": run["final_val_loss"] - ref_run["final_val_loss"],
-             "train_loss_gap_rms": float((gap ** 2).mean() ** 0.5) if len(gap) else float("nan"),
-             "train_loss_gap_max": float(gap.abs().max()) if len(gap) else float("nan")} for run, gap in gaps]
-    return pd.DataFrame(rows)
+    """Per pair and seed: final val-loss gap (swap minus reference), RMS and largest per-step train-loss gap over
+    the steps both logged, and the statuses of the two runs.
+
+    Every swap but the data-order swap sees the reference's batches in the reference's order, so the
+    per-step difference of training loss isolates what the swap changed, at the resolution of the loss
+    rather than the weights (compared at snapshots by :func:`divergence_frame`).
+    """
+    cols = ["arm", "label", "reference", "variant", "seed", "status", "reason", "steps_compared", "final_val_loss",
+            "val_loss_gap", "train_loss_gap_rms", "train_loss_gap_max"]
+    if runs.empty or "role" not in runs:
+        return pd.DataFrame(columns=cols)
+    by_run = {r["run"]: r for r in runs.to_dict("records")}
+    rows = []
+    for pair in divergence_pairs(list(by_run.values())):
+        run, ref = by_run[pair["run"]], by_run[pair["reference_run"]]
+        bad = [r for r in (run, ref) if r.get("status") not in TRAINED]
+        gap = (_loss(steps, run["run"]) - _loss(steps, ref["run"])).dropna()
+        rows.append({**{k: pair[k] for k in ("arm", "label", "reference", "variant", "seed")},
+                     "status": bad[0]["status"] if bad else "ok",
+                     "reason": f"{bad[0]['variant']}: {bad[0].get('reason', '')}" if bad else "",
+                     "steps_compared": len(gap), "final_val_loss": run.get("final_val_loss", math.nan),
+                     "val_loss_gap": run.get("final_val_loss", math.nan) - ref.get("final_val_loss", math.nan),
+                     "train_loss_gap_rms": float((gap ** 2).mean() ** 0.5) if len(gap) else math.nan,
+                     "train_loss_gap_max": float(gap.abs().max()) if len(gap) else math.nan})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def divergence_summary(div: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
+    """One row per arm and label: intervals across seeds (:mod:`attnbench.train.intervals`) of the weight
+    divergence at the last snapshot every seed reached, of the paper's max |W - W_ref| over all snapshots,
+    and of the loss gaps; the replicate floor of the same reference beside the kernel and precision arms."""
+    rows = []
+    for (arm, label), pairs in loss.groupby(["arm", "label"], sort=False):
+        ok = pairs[pairs["status"] == "ok"]
+        row = {"arm": arm, "label": label, "reference": pairs["reference"].iloc[0], "seeds_planned": len(pairs),
+               "seeds_ok": len(ok), "status": "ok" if len(ok) else pairs["status"].iloc[0],
+               "reason": "; ".join(sorted(set(r for r in pairs["reason"] if r)))}
+        sub = div[(div["arm"] == arm) & (div["label"] == label) & div["seed"].isin(ok["seed"])]
+        if len(sub):
+            last = int(sub.groupby("seed")["step"].max().min())
+            at = sub[sub["step"] == last]
+            row["step"] = last
+            for metric in stability.DIVERGENCE_METRICS:
+                row.update(interval_columns(metric, at[metric]))
+            row.update(interval_columns("max_abs_over_steps", sub.groupby("seed")["max_abs"].max()))
+            row["identical"] = bool((sub[list(stability.DIVERGENCE_METRICS)] == 0).all().all())
+        row.update(interval_columns("val_loss_gap", ok["val_loss_gap"]))
+        row.update(interval_columns("train_loss_gap_rms", ok["train_loss_gap_rms"]))
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty or "rel_l2_mean" not in frame:
+        return frame
+    floors = frame[frame["arm"] == "replicate"].set_index("reference")["rel_l2_mean"]
+    frame["replicate_rel_l2"] = frame["reference"].map(floors)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frame["over_replicate"] = frame["rel_l2_mean"] / frame["replicate_rel_l2"]
+    order = {a: i for i, a in enumerate(ARMS)}
+    frame = frame.assign(_o=frame["arm"].map(order).fillna(len(ARMS)))
+    return frame.sort_values(["_o", "label"], kind="stable").drop(columns="_o")
 
 
 def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:
-    """Each divergence backend's output and gradient error against fp64 at the model's attention shape."""
+    """Each divergence backend's output and gradient error against fp64 at the model's attention shape, in every
+    precision the runs used (same inputs for every backend)."""
     from attnbench.bench.numerics import baselines, check_numerics
-    from attnbench.kernels.registry import get_backend
+    from attnbench.kernels.registry import get_backend, safe_available
     from attnbench.models.gpt import GPT
 
     ref = specs[0]
     with torch.device("meta"):
-        attn = GPT(ref.model).blocks[0].attn
-    backends = [s.model.backend for s in specs if s.tags["swap"] in ("reference", "backend")]
+        attn = GPT(dataclasses.replace(ref.model, backend="sdpa-math")).blocks[0].attn
+    backends = list(dict.fromkeys(s.model.backend for s in specs if s.tags.get("role") in ("reference", "kernel")))
     precisions = sorted({s.train.precision for s in specs} & {"fp32", "fp16", "bf16"})
     rows = []
     for precision in precisions:
         case = attn.case(ref.train.batch_size, ref.train.seq_len, precision, "fwd_bwd")
-        base = baselines(case, device, seed=ref.train.seed)
+        base = baselines(case, device, seed=ref.train.init_seed)
         for name in backends:
             backend = get_backend(name)
             row = {"backend": name, "dtype": case.dtype, "case": case.label()}
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
+                    ok, why = safe_available(backend)
+                    if not ok:
+                        rows.append({**row, "status": "unavailable", "reason": why})
+                        continue
                     res = check_numerics(case, lambda q, k, v: backend.attention(q, k, v, causal=True, scale=case.scale),
-                                         device, ref.train.seed, base)
+                                         device, ref.train.init_seed, base)
                 except Exception as err:  # a backend that cannot run this case is a row with the reason
                     status, reason = classify(err, caught)
                     rows.append({**row, "status": status, "reason": reason})
@@ -314,48 +496,215 @@ def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------- result frames for tables
+def kernel_training_frame(summary: pd.DataFrame, numerics: pd.DataFrame, precision: str) -> pd.DataFrame:
+    """Per kernel arm: the backend's and its reference's per-call fp64 error at the model's attention shape in the
+    divergence precision, beside the arm's weight divergence and loss-gap intervals and the reference's replicate
+    floor (one table: kernel numerics joined to training)."""
+    if summary.empty:
+        return pd.DataFrame()
+    kernel = summary[summary["arm"] == "kernel"]
+    num = numerics[numerics["dtype"] == precision].set_index("backend") if len(numerics) else pd.DataFrame()
+    rows = []
+    for _, arm in kernel.iterrows():
+        backend = arm["label"].split(" vs ")[0]
+        row = {"backend": backend, "reference": arm["reference"], "dtype": precision}
+        for who, name in (("", backend), ("reference_", arm["reference"])):
+            if name in num.index:
+                n = num.loc[name]
+                row[f"{who}out_rel_err"] = n.get("out_rel_err", math.nan)
+                row[f"{who}dq_rel_err"] = n.get("dq_rel_err", math.nan)
+                if not who and n.get("status") != "ok":
+                    row["numerics_status"] = f"{n.get('status')}: {n.get('reason', '')}"
+        for col in ("rel_l2_mean", "rel_l2_ci_low", "rel_l2_ci_high", "replicate_rel_l2", "over_replicate",
+                    "val_loss_gap_mean", "val_loss_gap_ci_low", "val_loss_gap_ci_high", "seeds_ok", "status",
+                    "reason"):
+            row[col] = arm.get(col, math.nan)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if {"out_rel_err", "reference_out_rel_err"} <= set(frame):
+        frame.insert(5, "out_err_ratio", frame["out_rel_err"] / frame["reference_out_rel_err"])
+    return frame
+
+
+# ---------------------------------------------------------------- LR sensitivity
 
 
 def lr_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(final val loss per variant x LR, LR sensitivity per variant) from the lr_sensitivity summaries."""
-    ok = runs[runs["status"].isin(["ok", "diverged"])]
-    grid = ok.pivot_table(index="variant", columns="lr", values="final_val_loss", aggfunc="first")
+    """(mean final val loss per variant x LR over seeds, LR sensitivity per variant: per-seed values and their
+    interval) from the lr_sensitivity summaries.
+
+    Per (variant, seed) the sensitivity is Wortsman et al.'s over every LR of the grid that trained
+    (:func:`attnbench.train.stability.lr_sensitivity`: a diverged run counts as its initial loss, a
+    truncated run with its last evaluation); a seed whose grid has runs that did not train (skipped,
+    error, unavailable) is marked incomplete and left out of the interval.
+    """
+    if runs.empty or "lr" not in runs:
+        return pd.DataFrame(), pd.DataFrame()
+    trained = runs[runs["status"].isin(TRAINED)]
+    grid = trained.pivot_table(index="variant", columns="lr", values="final_val_loss", aggfunc="mean")
     rows = []
-    for variant, sub in ok.groupby("variant"):
-        finals = dict(zip(sub["lr"], sub["final_val_loss"]))
-        initial = float(sub["initial_val_loss"].median())
-        rows.append({"variant": variant, "lr_sensitivity": stability.lr_sensitivity(finals, initial),
-                     "best_lr": float(sub.loc[sub["final_val_loss"].idxmin(), "lr"]) if sub["final_val_loss"].notna().any() else math.nan,
-                     "best_final_val_loss": float(sub["final_val_loss"].min()),
-                     "max_attention_logit": float(sub["max_attention_logit"].max()),
-                     "diverged_runs": int((sub["status"] == "diverged").sum())})
+    for variant, sub in runs.groupby("variant", sort=False):
+        per_seed, incomplete = [], []
+        for seed, one in sub.groupby("seed"):
+            done = one[one["status"].isin(TRAINED)]
+            if len(done) < len(one) or done.empty:
+                incomplete.append(str(seed))
+                continue
+            per_seed.append(stability.lr_sensitivity(dict(zip(done["lr"], done["final_val_loss"])),
+                                                     float(done["initial_val_loss"].median())))
+        t = sub[sub["status"].isin(TRAINED)]
+        mean_final = t.groupby("lr")["final_val_loss"].mean() if len(t) else pd.Series(dtype=float)
+        rows.append({"variant": variant, **interval_columns("lr_sensitivity", per_seed),
+                     "lr_sensitivity_per_seed": ", ".join(f"{v:.4g}" for v in per_seed),
+                     "incomplete_seeds": ", ".join(incomplete), "lrs": int(sub["lr"].nunique()),
+                     "best_lr": float(mean_final.idxmin()) if mean_final.notna().any() else math.nan,
+                     "best_final_val_loss": float(mean_final.min()) if len(mean_final) else math.nan,
+                     "max_attention_logit": float(t["max_attention_logit"].max()) if len(t) else math.nan,
+                     "diverged_runs": int((sub["status"] == "diverged").sum()),
+                     "truncated_runs": int((sub["status"] == "truncated").sum())})
     return grid, pd.DataFrame(rows)
 
 
+# ---------------------------------------------------------------- FP8
+
+
+def fp8_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per eval step and run: val loss minus its baseline's, beside the baseline seeds' noise band.
+
+    The baseline of a run is the run at the first precision with the same MLP and the same seed (the
+    same initial weights and batch order, so the difference is the recipe's; a Smooth-SwiGLU run is
+    paired with the SwiGLU run when it has none of its own, the same function outside FP8 casts),
+    else the base model's run at that seed. The band is how far another seed moves the loss: at
+    each eval step, +- the largest distance of a baseline seed (the first precision on the base
+    model, one run per seed) from their mean. A gap outside it is an effect larger than the seed's.
+    """
+    cols = ["run", "variant", "step", "val_loss", "baseline", "gap", "band_low", "band_high"]
+    if steps.empty or "val_loss" not in steps or runs.empty:
+        return pd.DataFrame(columns=cols)
+    val = steps.dropna(subset=["val_loss"])[["run", "step", "val_loss"]]
+    trained = runs[runs["status"].isin(TRAINED)]
+    if trained.empty:
+        return pd.DataFrame(columns=cols)
+    base_precision, base_mlp = runs["precision"].iloc[0], runs["mlp_variant"].iloc[0]
+    at_base = trained[trained["precision"] == base_precision]
+    seeds = at_base[at_base["mlp_variant"] == base_mlp]
+    curves = val[val["run"].isin(seeds["run"])].pivot_table(index="step", columns="run", values="val_loss")
+    half = curves.sub(curves.mean(axis=1), axis=0).abs().max(axis=1)
+    band = pd.DataFrame({"band_low": -half, "band_high": half})
+    family = at_base["mlp_variant"].str.removeprefix("smooth-")
+    rows = []
+    for _, r in trained.iterrows():
+        same_seed = at_base["seed"] == r["seed"]
+        candidates = [at_base[same_seed & (at_base["mlp_variant"] == r["mlp_variant"])],
+                      at_base[same_seed & (family == r["mlp_variant"].removeprefix("smooth-"))],
+                      at_base[same_seed & (at_base["mlp_variant"] == base_mlp)]]
+        ref_run = next((c["run"].iloc[0] for c in candidates if len(c)), None)
+        if ref_run is None:
+            continue
+        own = val[val["run"] == r["run"]].set_index("step")["val_loss"]
+        ref = val[val["run"] == ref_run].set_index("step")["val_loss"]
+        frame = pd.DataFrame({"val_loss": own, "baseline": ref}).dropna().join(band, how="left")
+        frame["gap"] = frame["val_loss"] - frame["baseline"]
+        rows.append(frame.reset_index().rename(columns={"index": "step"}).assign(run=r["run"], variant=r["variant"]))
+    return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+
+
+def gap_opens(gaps: pd.DataFrame) -> float:
+    """The first eval step from which the gap stays outside the band at every later eval step; NaN if it never
+    leaves (or is back inside at the last step)."""
+    g = gaps.sort_values("step")
+    outside = ((g["gap"] < g["band_low"]) | (g["gap"] > g["band_high"])).to_numpy()
+    if not len(outside) or not outside[-1]:
+        return math.nan
+    inside = np.flatnonzero(~outside)
+    return float(g["step"].iloc[inside[-1] + 1] if len(inside) else g["step"].iloc[0])
+
+
 def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per precision: status, loss gap to the first (bf16) run, spike scores, mean scale statistics."""
-    base = runs.iloc[0]
+    """Per run: status, final val loss, its gap to its baseline (:func:`fp8_gap_frame`) with the band at the last
+    eval step, the step the gap opens at (:func:`gap_opens`), spike scores, speed and whether the GPU was its own."""
+    gaps = fp8_gap_frame(runs, steps)
     rows = []
     for _, r in runs.iterrows():
-        row = {"precision": r["precision"], "status": r["status"], "emulated": r.get("emulated", False),
-               "final_val_loss": r.get("final_val_loss", math.nan),
-               "loss_gap": r.get("final_val_loss", math.nan) - base.get("final_val_loss", math.nan),
-               "spike_score_loss": r.get("spike_score_loss", math.nan),
-               "spike_score_grad": r.get("spike_score_grad", math.nan), "tokens_per_s": r.get("tokens_per_s", math.nan),
-               "tokens_per_s_iqr": r.get("tokens_per_s_iqr", math.nan),
-               "reason": r.get("reason", "")}
+        g = gaps[gaps["run"] == r["run"]]
+        last = g.sort_values("step").iloc[-1] if len(g) else None
+        rows.append({"variant": r.get("variant"), "seed": r.get("seed"), "precision": r.get("precision"),
+                     "mlp": r.get("mlp_variant"), "status": r["status"], "emulated": r.get("emulated", False),
+                     "final_val_loss": r.get("final_val_loss", math.nan),
+                     "gap": last["gap"] if last is not None else math.nan,
+                     "band_low": last["band_low"] if last is not None else math.nan,
+                     "band_high": last["band_high"] if last is not None else math.nan,
+                     "gap_opens_at_step": gap_opens(g) if len(g) else math.nan,
+                     "steps_done": r.get("steps_done", math.nan),
+                     "spike_score_olmo2_paper_loss": r.get("spike_score_olmo2_paper_loss", math.nan),
+                     "spike_score_olmo_core_any": r.get("spike_score_olmo_core_any", math.nan),
+                     "tokens_per_s": r.get("tokens_per_s", math.nan),
+                     "tokens_per_s_iqr": r.get("tokens_per_s_iqr", math.nan),
+                     "mfu": r.get("mfu", math.nan), "gpu_sharing": r.get("gpu_sharing", ""),
+                     "reason": r.get("reason", "")})
+    return pd.DataFrame(rows)
+
+
+def fp8_stats_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Mean over the logged steps of every ``fp8_<recipe>_<kind>_<stat>`` column, per run (summed over layers)."""
+    rows = []
+    for _, r in runs.iterrows():
         sub = steps[steps["run"] == r["run"]] if len(steps) else steps
+        row = {"variant": r.get("variant"), "seed": r.get("seed")}
         for col in [c for c in sub.columns if c.startswith("fp8_")]:
             row[col] = float(sub[col].mean())
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+def own_recipe(precision: str) -> str:
+    """The scale-statistics recipe of a run's own precision (tensorwise for bf16: the recipe it is compared with)."""
+    return {"fp8-rowwise": "rowwise", "mxfp8": "mxfp8"}.get(precision, "tensorwise")
+
+
+def fp8_layers_frame(runs: pd.DataFrame, layers: pd.DataFrame, module: str = "mlp.proj", kind: str = "act"
+                     ) -> pd.DataFrame:
+    """Per run and layer, the ``kind`` tensor of every ``module`` Linear under the run's own recipe: amax at the first
+    and last record and its largest, the last scale (log2), the largest overflow share, the mean underflow share."""
+    if layers.empty:
+        return pd.DataFrame()
+    precision = runs.set_index("run")["precision"] if "precision" in runs else pd.Series(dtype=str)
+    rows = []
+    for (run, layer), sub in layers[layers["layer"].str.endswith(module) & (layers["kind"] == kind)].groupby(
+            ["run", "layer"], sort=False):
+        sub = sub[sub["recipe"] == own_recipe(precision.get(run, "bf16"))].sort_values("step")
+        if sub.empty:
+            continue
+        rows.append({"run": run, "variant": sub["variant"].iloc[0] if "variant" in sub else "", "layer": layer,
+                     "recipe": sub["recipe"].iloc[0], "records": len(sub), "amax_first": sub["amax"].iloc[0],
+                     "amax_last": sub["amax"].iloc[-1], "amax_max": sub["amax"].max(),
+                     "scale_log2_last": sub["scale_log2"].iloc[-1], "overflow_max": sub["overflow"].max(),
+                     "underflow_mean": sub["underflow"].mean()})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- spikes and layouts
+
+
+SPIKE_COLUMNS = ["steps_done", "spike_score_olmo2_paper_loss", "spike_score_olmo2_paper_grad",
+                 "spike_scored_olmo2_paper", "spike_min_jump_olmo2_paper_loss", "spike_score_olmo_core_loss",
+                 "spike_score_olmo_core_grad", "spike_score_olmo_core_any", "spike_span_olmo_core",
+                 "spike_min_jump_olmo_core_loss", "zscore_exceed_loss", "zscore_exceed_grad", "nonfinite_steps"]
+
+
+def spike_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """Both spike scores of every trained run, with the smallest jump each would flag at the run's end."""
+    if runs.empty:
+        return pd.DataFrame()
+    trained = runs[runs["status"].isin(TRAINED)]
+    return trained.reindex(columns=["run", "status", *SPIKE_COLUMNS]).assign(
+        run=trained["run"].str.split("/", n=1).str[1])
+
+
 def layouts_frame(runs: pd.DataFrame) -> pd.DataFrame:
     cols = ["variant", "layout", "status", "backend", "params", "kv_cache_elements_per_token",
             "kv_bytes_per_token_bf16", "final_val_loss", "best_val_loss", "tokens_per_s", "tokens_per_s_iqr", "mfu",
-            "reason"]
+            "gpu_sharing", "reason"]
     frame = runs.reindex(columns=cols)
     order = frame["layout"].map({name: i for i, name in enumerate(LAYOUTS)}).fillna(len(LAYOUTS))
     return frame.assign(_order=order).sort_values(["_order", "variant"]).drop(columns="_order")

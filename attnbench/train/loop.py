@@ -3,10 +3,19 @@
 A run directory holds ``run.json`` (the resolved config and its hash), ``ckpt.pt``
 (model, optimiser, loss scaler, step and the log so far; written atomically every
 ``ckpt_every`` steps), ``snapshots/<step>.pt`` (fp32 weights at the requested steps,
-for weight divergence), then ``steps.parquet`` and ``summary.json`` when it ends. A
-run whose summary exists with the same config hash is not run again; a killed run
-resumes from its last checkpoint. The data order is a pure function of (seed, step)
-and the model has no dropout, so a resumed run repeats the uninterrupted trajectory.
+for weight divergence), then ``steps.parquet``, ``fp8_layers.parquet`` (with
+``fp8_stats``), ``final.pt`` and ``summary.json`` when it ends. A run whose summary
+exists with the same identity hash is not run again; a killed run resumes from its last
+checkpoint. The initial weights are a pure function of ``init_seed`` (or the
+``init_state`` a caller passes, e.g. pretrained weights to fine-tune), the data order of
+(``data_seed``, step), and the model has no dropout, so a resumed run repeats the
+uninterrupted trajectory. The identity hash (``config_hash`` in the summary) covers the
+run's config, its data source's name and hash, and the initial weights' hash when given.
+
+The one training loop of the project: the pretraining experiments
+(:mod:`attnbench.train.experiments`) and the context stage's pretraining and fine-tuning
+(:mod:`attnbench.context.experiment`, with its passkey mixture as the data source) call
+:func:`train`.
 
 Per step (``steps.parquet``): loss (cross-entropy), z-loss term, grad norm (before
 clipping), update RMS (root mean square of the parameter change the optimiser made),
@@ -14,8 +23,9 @@ LR, output log Z (mean and max over tokens of logsumexp of the logits), max
 attention logit per layer (a probe every ``probe_every`` steps), tokens/s, step
 time, energy (NVML's energy counter around the timed step on CUDA; NaN elsewhere;
 ``tokens_per_j`` in the summary), memory, non-finite and skipped flags, the fp16
-loss scale, FP8 scale statistics (every ``fp8_stats_every`` steps) and validation
-loss (every ``eval_every`` steps).
+loss scale, FP8 scale statistics summed over layers (every ``fp8_stats_every``
+steps; per layer in ``fp8_layers.parquet``) and validation loss (every
+``eval_every`` steps, at the last step, and where a time budget cuts the run).
 
 Loss: cross-entropy plus ``z_loss * mean(log Z ** 2)`` (PaLM, Chowdhery et al. 2022
 §5; Wortsman et al. 2023 use 1e-4). A step whose loss or gradient is not finite
@@ -45,9 +55,11 @@ from attnbench.errors import ConfigError
 from attnbench.errors import reject_unknown_keys
 from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.train import stability
-from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend
+from attnbench.train.attention_backend import (BackendUnavailable, BackendUnsupported, check_backend,
+                                               fastest_backend)
 from attnbench.train.checkpoint import resume_checkpoint
-from attnbench.train.data import DataConfig, TokenData, load_tokens
+from attnbench.train.data import BatchSource, DataConfig, load_tokens
+from attnbench.train.sharing import GpuSharing
 from attnbench.train.precision import (PRECISIONS, Fp8StatsRecorder, PrecisionUnavailable, apply_precision,
                                        get_precision)
 
@@ -68,12 +80,14 @@ class TrainConfig:
     grad_clip: float = 1.0          # 0: no clipping (the norm is still logged)
     z_loss: float = 0.0
     precision: str = "fp32"
-    seed: int = 0                   # model init and batch order
+    init_seed: int = 0              # the initial weights (torch.manual_seed before the model is built)
+    data_seed: int = 0              # the batch order (attnbench.train.data)
     eval_every: int = 50
     eval_batches: int = 4
     probe_every: int = 1            # max attention logit probe; 0: off
     fp8_stats: tuple[str, ...] = ()  # recipes whose scale statistics are logged (attnbench.train.precision)
     fp8_stats_every: int = 10
+    fp8_stats_layers: bool = True   # also per layer, in fp8_layers.parquet
     ckpt_every: int = 50
     snapshot_steps: tuple[int, ...] = ()  # updates after which fp32 weights are saved (0 = at init)
     compile: bool = False
@@ -222,25 +236,47 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
+def _tensors_sha256(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a state dict's keys, dtypes, shapes and values (the initial weights' part of a run's identity)."""
+    h = hashlib.sha256()
+    for key in sorted(state):
+        t = state[key].detach().cpu().contiguous()
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def run_identity(spec: RunSpec, data: BatchSource | None, init_sha256: str | None) -> str:
+    """The hash a finished run and a checkpoint are matched by: the spec's, else with the data source and weights."""
+    if data is None and init_sha256 is None:
+        return spec.config_hash
+    payload = {"spec": spec.config_hash, "data": [data.name, data.sha256] if data is not None else None,
+               "init": init_sha256}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class Run:
     """State of one run while it trains (built by :func:`train`)."""
 
-    def __init__(self, spec: RunSpec, out: Path, device: str):
-        self.spec, self.out, self.device = spec, out, device
+    def __init__(self, spec: RunSpec, out: Path, device: str, identity: str):
+        self.spec, self.out, self.device, self.identity = spec, out, device, identity
         self.cfg = spec.train
         self.precision = get_precision(self.cfg.precision)
         self.compute_dtype = self.precision.autocast_dtype or torch.float32
         self.telemetry = Telemetry.open(device, interval_ms=0)  # the energy counter only
 
-    def build(self, backend: str | None = None) -> None:
-        """``backend``: the one a resumed run chose before (``auto`` must not switch kernels mid-run)."""
-        torch.manual_seed(self.cfg.seed)
+    def build(self, backend: str | None = None, init_state: dict | None = None) -> None:
+        """``backend``: the one a resumed run chose before (``auto`` must not switch kernels mid-run);
+        ``init_state``: weights to start from instead of ``init_seed``'s initialisation."""
+        torch.manual_seed(self.cfg.init_seed)
         if backend:
             self.model_cfg, self.auto_times = dataclasses.replace(self.spec.model, backend=backend), {}
         else:
             self.model_cfg, self.auto_times = _resolve_backend(self.spec, self.device, self.compute_dtype)
-        torch.manual_seed(self.cfg.seed)
+        torch.manual_seed(self.cfg.init_seed)
         self.model = GPT(self.model_cfg).to(self.device)
+        if init_state is not None:
+            self.model.load_state_dict(init_state)
         self.params = self.model.num_params()
         self.flops_per_token = self.model.flops_per_token(self.cfg.seq_len)
         self.kv_elements = self.model.kv_cache_elements_per_token()
@@ -253,11 +289,11 @@ class Run:
         self.forward = torch.compile(self.model) if self.cfg.compile else self.model
         self.recorder = Fp8StatsRecorder(self.model, self.cfg.fp8_stats) if self.cfg.fp8_stats else None
 
-    def state(self, step: int, rows: list, counters: dict) -> dict:
-        return {"step": step, "config_hash": self.spec.config_hash, "backend": self.model_cfg.backend,
+    def state(self, step: int, log: dict, counters: dict) -> dict:
+        return {"step": step, "config_hash": self.identity, "backend": self.model_cfg.backend,
                 "model": self.model.state_dict(),
                 "opt": self.opt.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
-                "rows": rows, "counters": counters}
+                "rows": log["rows"], "layer_rows": log["layer_rows"], "counters": counters}
 
     def load(self, ckpt: dict) -> None:
         self.model.load_state_dict(ckpt["model"])
@@ -265,18 +301,27 @@ class Run:
         if self.scaler and ckpt["scaler"]:
             self.scaler.load_state_dict(ckpt["scaler"])
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The model's distinct tensors as fp32 CPU copies (the tied output head once, as ``wte.weight``)."""
+        seen, out = set(), {}
+        for key, value in self.model.state_dict().items():
+            if value.data_ptr() in seen:
+                continue
+            seen.add(value.data_ptr())
+            out[key] = value.detach().float().cpu()
+        return out
+
     def snapshot(self, updates: int) -> None:
         if updates in self.cfg.snapshot_steps:
             (self.out / "snapshots").mkdir(exist_ok=True)
-            weights = {k: v.detach().float().cpu() for k, v in self.model.state_dict().items()}
-            _atomic_save(weights, self.out / "snapshots" / f"{updates}.pt")
+            _atomic_save(self.weights(), self.out / "snapshots" / f"{updates}.pt")
 
-    def step(self, step: int, data: TokenData) -> dict:
+    def step(self, step: int, data: BatchSource, layer_rows: list) -> dict:
         cfg, device, model = self.cfg, self.device, self.model
         lr = lr_at(step, cfg)
         for group in self.opt.param_groups:
             group["lr"] = lr
-        x, y = data.train_batch(step, cfg.seed, cfg.batch_size, cfg.seq_len, device)
+        x, y = data.train_batch(step, cfg.data_seed, cfg.batch_size, cfg.seq_len, device)
         row = {"step": step, "lr": lr}
         if cfg.probe_every and step % cfg.probe_every == 0:
             with self.precision.autocast(device):
@@ -287,6 +332,8 @@ class Run:
                 lm_loss(model(x), y)[0].backward()
             self.opt.zero_grad(set_to_none=True)
             row.update(self.recorder.row())
+            if cfg.fp8_stats_layers:
+                layer_rows += self.recorder.layer_rows(step)
         if device == "cuda":
             torch.cuda.synchronize()
         energy_mj = self.telemetry.energy_mj()
@@ -327,81 +374,101 @@ class Run:
 
 
 def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops: float | None = None,
-          progress: bool = True, deadline: float | None = None) -> dict:
+          peak_flops_source: str = "", progress: bool = True, deadline: float | None = None,
+          data: BatchSource | None = None, init_state: dict[str, torch.Tensor] | None = None) -> dict:
     """Train ``spec`` into ``out_dir`` (resuming if a checkpoint is there); return the summary.
 
     ``deadline`` (a ``time.monotonic()`` value) ends the run early with status
     ``truncated`` and a full summary of the steps done, for time-boxed sweeps.
-    ``peak_flops`` is the measured matmul ceiling for this precision (MFU is NaN without it).
+    ``peak_flops`` is the measured matmul ceiling for this precision (MFU is NaN without it),
+    ``peak_flops_source`` says where it was measured. ``data`` replaces the batches of
+    ``spec.data`` (any :class:`~attnbench.train.data.BatchSource`); ``init_state`` is a state
+    dict the model starts from instead of ``init_seed``'s initialisation (a fine-tune).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
+    init_sha = _tensors_sha256(init_state) if init_state is not None else None
+    identity = run_identity(spec, data, init_sha)
     if summary_path.is_file():
         done = json.loads(summary_path.read_text())
-        if done.get("config_hash") == spec.config_hash and done.get("status") != "truncated":
+        if done.get("config_hash") == identity and done.get("status") != "truncated":
             return done
-    _write_json({**spec.to_dict(), "config_hash": spec.config_hash}, out / "run.json")
+    _write_json({**spec.to_dict(), "config_hash": identity, "init_sha256": init_sha}, out / "run.json")
     started = time.perf_counter()
-    run = Run(spec, out, device)
-    data = load_tokens(spec.data)
-    base = {"run": spec.name, **spec.tags, "config_hash": spec.config_hash, "corpus": data.name,
-            "corpus_sha256": data.sha256, "precision": spec.train.precision, "seed": spec.train.seed,
-            "lr": spec.train.lr, "layout": spec.model.layout, "qk_norm": spec.model.qk_norm,
-            "z_loss": spec.train.z_loss, "compile": spec.train.compile, "steps": spec.train.steps}
+    run = Run(spec, out, device, identity)
+    data = data if data is not None else load_tokens(spec.data)
+    base = {"run": spec.name, **spec.tags, "config_hash": identity, "corpus": data.name,
+            "corpus_sha256": data.sha256, "precision": spec.train.precision, "init_seed": spec.train.init_seed,
+            "data_seed": spec.train.data_seed, "lr": spec.train.lr, "layout": spec.model.layout,
+            "mlp": spec.model.mlp, "smooth_swiglu": spec.model.smooth_swiglu, "qk_norm": spec.model.qk_norm,
+            "z_loss": spec.train.z_loss, "compile": spec.train.compile, "steps": spec.train.steps,
+            "init_sha256": init_sha or ""}
     ckpt_path = out / "ckpt.pt"
     ckpt = resume_checkpoint(ckpt_path, CHECKPOINT_KEYS, map_location=device)  # weights_only; a bad one: start over
-    if ckpt is not None and ckpt.get("config_hash") != spec.config_hash:
+    if ckpt is not None and ckpt.get("config_hash") != identity:
         ckpt = None  # a checkpoint of another config: start over
     try:
-        run.build(ckpt["backend"] if ckpt else None)
+        run.build(ckpt["backend"] if ckpt else None, init_state if ckpt is None else None)
     except (PrecisionUnavailable, BackendUnsupported) as err:
-        status = "unavailable" if isinstance(err, PrecisionUnavailable) else "unsupported"
+        status = "unavailable" if isinstance(err, (PrecisionUnavailable, BackendUnavailable)) else "unsupported"
         summary = {**base, "backend": spec.model.backend, "status": status, "reason": str(err),
                    **_provenance(device)}
         _write_json(summary, summary_path)
         return summary
+    sharing = GpuSharing(device)
+    sharing.sample()
     val = data.val_batches(spec.train.eval_batches, spec.train.batch_size, spec.train.seq_len, device)
-    rows, counters, start = [], {"initial_val_loss": math.nan, "consecutive_nonfinite": 0}, 0
+    log, counters, start = {"rows": [], "layer_rows": []}, {"initial_val_loss": math.nan, "consecutive_nonfinite": 0}, 0
     if ckpt is not None:
         run.load(ckpt)
-        rows, counters, start = ckpt["rows"], ckpt["counters"], ckpt["step"]
+        log, counters, start = {"rows": ckpt["rows"], "layer_rows": ckpt.get("layer_rows", [])}, ckpt["counters"], \
+            ckpt["step"]
         del ckpt
     if start == 0:
         counters["initial_val_loss"] = evaluate(run.model, val, run.precision, device)
         run.snapshot(0)
     bar = Progress(spec.name, spec.train.steps, start, progress)
     status, reason = "ok", ""
+    rows = log["rows"]
     for step in range(start, spec.train.steps):
-        row = run.step(step, data)
+        row = run.step(step, data, log["layer_rows"])
         counters["consecutive_nonfinite"] = counters["consecutive_nonfinite"] + 1 if row["nonfinite"] else 0
         updates = step + 1
-        if updates % spec.train.eval_every == 0 or updates == spec.train.steps:
+        out_of_time = deadline is not None and time.monotonic() > deadline and updates < spec.train.steps
+        if updates % spec.train.eval_every == 0 or updates == spec.train.steps or out_of_time:
             row["val_loss"] = evaluate(run.model, val, run.precision, device)
+            sharing.sample()
         rows.append(row)
         run.snapshot(updates)
         bar.update(step, row["loss"], row["tokens_per_s"])
         if counters["consecutive_nonfinite"] >= spec.train.max_nonfinite:
             status, reason = "diverged", f"{spec.train.max_nonfinite} consecutive non-finite steps at step {step}"
             break
-        if deadline is not None and time.monotonic() > deadline and updates < spec.train.steps:
+        if out_of_time:
             status, reason = "truncated", f"time budget reached after {updates} of {spec.train.steps} steps"
             break
         if spec.train.ckpt_every and updates % spec.train.ckpt_every == 0 and updates < spec.train.steps:
-            _atomic_save(run.state(updates, rows, counters), ckpt_path)
+            _atomic_save(run.state(updates, log, counters), ckpt_path)
+    sharing.sample()
     frame = pd.DataFrame(rows)
     frame.insert(0, "run", spec.name)
     write_atomic(frame, out / "steps.parquet")
+    if log["layer_rows"]:
+        layers = pd.DataFrame(log["layer_rows"])
+        layers.insert(0, "run", spec.name)
+        write_atomic(layers, out / "fp8_layers.parquet")
     summary = {**base, "backend": run.model_cfg.backend, "status": status, "reason": reason or run.precision_note,
                "emulated": run.emulated, "params": run.params, "flops_per_token": run.flops_per_token,
                "kv_cache_elements_per_token": run.kv_elements, "kv_bytes_per_token_bf16": 2 * run.kv_elements,
                "initial_val_loss": counters["initial_val_loss"], "loss_floor": data.loss_floor,
-               **summarize(frame, run.flops_per_token, peak_flops, run.emulated), **run.auto_times,
+               **summarize(frame, run.flops_per_token, peak_flops, run.emulated),
+               "peak_flops_source": peak_flops_source, **sharing.summary(), **run.auto_times,
                "wall_s": time.perf_counter() - started, **_provenance(device)}
     _write_json(summary, summary_path)
-    _atomic_save({k: v.detach().cpu() for k, v in run.model.state_dict().items()}, out / "final.pt")
+    _atomic_save({k: v.detach().cpu() for k, v in run.model.state_dict().items()}, out / "final.pt")  # loadable
     if status == "truncated":  # a later call with more time resumes here
-        _atomic_save(run.state(rows[-1]["step"] + 1, rows, counters), ckpt_path)
+        _atomic_save(run.state(rows[-1]["step"] + 1, log, counters), ckpt_path)
     elif ckpt_path.is_file():
         ckpt_path.unlink()
     if run.recorder:
@@ -445,17 +512,15 @@ def tokens_per_joule(frame: pd.DataFrame) -> float:
 
 
 def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | None, emulated: bool) -> dict:
-    """Per-run statistics from the step log (OLMo 2 spike score with the window stated; see ``stability``).
+    """Per-run statistics from the step log: both spike scores with their windows
+    (:func:`attnbench.train.stability.spike_summary`), z-score exceedances, losses, speed.
 
     MFU = tokens/s x training FLOPs per token / the measured matmul ceiling of the
     run's compute dtype (PaLM Appendix B). Emulated precisions claim no speed: their
     tokens/s and MFU are NaN.
     """
     n = len(frame)
-    window = stability.short_run_window(n)
-    zwin = min(stability.ZSCORE_WINDOW, window)
     loss, grad = frame["loss"].to_numpy(float), frame["grad_norm"].to_numpy(float)
-    spikes_loss, spikes_grad = stability.spike_score(loss, window), stability.spike_score(grad, window)
     val = frame["val_loss"].dropna() if "val_loss" in frame else pd.Series(dtype=float)
     logit_cols = [c for c in frame.columns if c.startswith("max_logit_l")]
     out = {
@@ -463,12 +528,10 @@ def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | N
         "final_loss": float(frame["loss"].iloc[-max(1, n // 10):].mean()),  # NaN when every step is non-finite
         "final_val_loss": float(val.iloc[-1]) if len(val) else math.nan,
         "best_val_loss": float(val.min()) if len(val) else math.nan,
-        "spike_window": window, "spike_sigma": stability.SPIKE_SIGMA,
-        "spike_score_loss": spikes_loss.score, "spike_score_grad": spikes_grad.score,
-        "spikes_loss": spikes_loss.spikes, "spikes_grad": spikes_grad.spikes,
-        "zscore_window": zwin, "zscore_threshold": stability.ZSCORE_THRESHOLD,
-        "zscore_exceed_loss": stability.zscore_exceedances(loss, zwin),
-        "zscore_exceed_grad": stability.zscore_exceedances(grad, zwin),
+        **stability.spike_summary(loss, grad),
+        "zscore_window": stability.ZSCORE_WINDOW, "zscore_threshold": stability.ZSCORE_THRESHOLD,
+        "zscore_exceed_loss": stability.zscore_exceedances(loss),
+        "zscore_exceed_grad": stability.zscore_exceedances(grad),
         "nonfinite_steps": int(frame["nonfinite"].sum()) if n else 0,
         "skipped_steps": int(frame["skipped"].sum()) if n else 0,
         "max_attention_logit": float(frame[logit_cols].max().max()) if logit_cols else math.nan,

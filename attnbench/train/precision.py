@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -323,7 +324,8 @@ class Fp8StatsRecorder:
     """Forward hooks on the Linears FP8 would convert; active only inside :meth:`recording`.
 
     Records each layer's input and weight in the forward pass and the gradient of its
-    output in the backward pass (through a hook on the output tensor), for every recipe.
+    output in the backward pass (through a hook on the output tensor), for every recipe,
+    per layer (:meth:`layer_rows`) and summed over layers (:meth:`row`).
     """
 
     def __init__(self, model: nn.Module, recipes: tuple[str, ...]):
@@ -332,21 +334,22 @@ class Fp8StatsRecorder:
                 raise ValueError(f"train.fp8_stats: recipe {r!r} is not allowed; allowed: {', '.join(STATS_RECIPES)}")
         self.recipes = tuple(recipes)
         self.active = False
-        self.stats: dict[tuple[str, str], Fp8Stats] = {}
-        self.handles = [m.register_forward_hook(self._hook) for n, m in model.named_modules() if fp8_linear_filter(m, n)]
+        self.stats: dict[tuple[str, str, str], Fp8Stats] = {}  # (layer, recipe, kind) -> counts
+        self.handles = [m.register_forward_hook(functools.partial(self._hook, n))
+                        for n, m in model.named_modules() if fp8_linear_filter(m, n)]
 
-    def _record(self, kind: str, tensor: torch.Tensor) -> None:
+    def _record(self, layer: str, kind: str, tensor: torch.Tensor) -> None:
         for recipe in self.recipes:
             fmt = RECIPE_FORMATS[recipe][TENSOR_KINDS.index(kind)]
-            self.stats.setdefault((recipe, kind), Fp8Stats()).add(fp8_tensor_stats(tensor, recipe, fmt))
+            self.stats.setdefault((layer, recipe, kind), Fp8Stats()).add(fp8_tensor_stats(tensor, recipe, fmt))
 
-    def _hook(self, module, args, output):
+    def _hook(self, layer, module, args, output):
         if not self.active:
             return
-        self._record("act", args[0])
-        self._record("weight", module.weight)
+        self._record(layer, "act", args[0])
+        self._record(layer, "weight", module.weight)
         if output.requires_grad:
-            output.register_hook(lambda grad: self._record("grad", grad))
+            output.register_hook(lambda grad: self._record(layer, "grad", grad))
 
     @contextlib.contextmanager
     def recording(self):
@@ -357,12 +360,20 @@ class Fp8StatsRecorder:
             self.active = False
 
     def row(self) -> dict[str, float]:
-        """``fp8_<recipe>_<kind>_<stat>`` columns of the last recording."""
+        """``fp8_<recipe>_<kind>_<stat>`` columns of the last recording, over every layer."""
+        total: dict[tuple[str, str], Fp8Stats] = {}
+        for (_, recipe, kind), s in self.stats.items():
+            total.setdefault((recipe, kind), Fp8Stats()).add(s)
         out = {}
-        for (recipe, kind), s in self.stats.items():
+        for (recipe, kind), s in total.items():
             for stat, value in s.summary().items():
                 out[f"fp8_{recipe.replace('-', '_')}_{kind}_{stat}"] = value
         return out
+
+    def layer_rows(self, step: int) -> list[dict]:
+        """One row per (layer, recipe, kind) of the last recording: amax, scale_log2, overflow, underflow."""
+        return [{"step": step, "layer": layer, "recipe": recipe, "kind": kind, **s.summary()}
+                for (layer, recipe, kind), s in sorted(self.stats.items())]
 
     def remove(self) -> None:
         for h in self.handles:

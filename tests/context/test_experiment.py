@@ -17,6 +17,7 @@ from attnbench import plan as planner
 from attnbench.config import load_config, validate_config
 from attnbench.errors import ConfigError
 from attnbench.context import experiment as E
+from attnbench.context import passkey
 from attnbench.context.perplexity import sliding_window_score
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
@@ -53,9 +54,9 @@ def spec(config):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(spec):
+def checkpoint(spec, tmp_path_factory):
     torch.set_num_threads(1)
-    return E.pretrain(spec, "cpu", log=lambda s: None)
+    return E.pretrain(spec, "cpu", tmp_path_factory.mktemp("pretrain"), log=lambda s: None, progress=False)
 
 
 def test_variants_per_method(spec):
@@ -68,10 +69,10 @@ def test_variants_per_method(spec):
     assert all(v.finetune_steps == 0 for v in E.variants(no_ft, "linear"))
 
 
-def test_capability_rows_and_tables(spec, checkpoint):
+def test_capability_rows_and_tables(spec, checkpoint, tmp_path):
     assert len(checkpoint["losses"]) == 6 and all(math.isfinite(x) for x in checkpoint["losses"])
-    rows = pd.DataFrame(E.evaluate(checkpoint, spec, "yarn", "cpu", log=lambda s: None)
-                        + E.evaluate(checkpoint, spec, "none", "cpu", log=lambda s: None))
+    rows = pd.DataFrame(E.evaluate(checkpoint, spec, "yarn", "cpu", tmp_path, log=lambda s: None, progress=False)
+                        + E.evaluate(checkpoint, spec, "none", "cpu", tmp_path, log=lambda s: None, progress=False))
     assert (rows["status"] == "ok").all()
     # yarn: s=2 without and with fine-tune; none: s=1, and s=2 fine-tuned; each at 2 lengths x 3 evaluations
     assert len(rows) == 4 * 2 * 3
@@ -80,6 +81,12 @@ def test_capability_rows_and_tables(spec, checkpoint):
     assert set(rows[rows["eval"] == "passkey"]["accuracy"]) <= {0.0, 0.5, 1.0}
     tuned = rows[(rows["finetune_steps"] > 0)]
     assert (tuned["finetune_len"] == 192).all() and tuned["finetune_final_loss"].notna().all()
+    # every fine-tune is a run of the one training loop, from the pretrained weights, on the passkey mixture
+    run = json.loads((tmp_path / "yarn-s2" / "summary.json").read_text())
+    assert run["status"] == "ok" and run["steps_done"] == 2 and run["init_sha256"]
+    assert run["corpus"] == "shakespeare+passkey(fraction=0.25,digits=5)"
+    assert pd.read_parquet(tmp_path / "yarn-s2" / "steps.parquet")["loss"].iloc[-1] == \
+        tuned[tuned["method"] == "yarn"]["finetune_final_loss"].iloc[0]
 
     # the no-fine-tune "none" variant is the pretrained model itself: same score when recomputed directly
     model = E.extended_model(checkpoint, spec, E.Variant("none", 1.0, 0), "cpu", 96)
@@ -93,6 +100,23 @@ def test_capability_rows_and_tables(spec, checkpoint):
     table = perplexity_table(rows, "truncated")
     assert list(table.columns[-2:]) == ["96", "192"] and len(table) == 4
     assert len(passkey_table(rows)) == 4
+
+
+def test_pretraining_is_a_run_of_the_training_loop_on_the_passkey_mixture(spec, checkpoint):
+    folder = Path(checkpoint["run_dir"])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["steps_done"] == 6 and summary["precision"] == "fp32"
+    assert summary["corpus"] == "shakespeare+passkey(fraction=0.25,digits=5)"
+    steps = pd.read_parquet(folder / "steps.parquet")
+    assert steps["loss"].tolist() == checkpoint["losses"]
+    mixture = E.training_data(spec, E.load_data(spec))
+    x, y = mixture.train_batch(3, spec["seed"], 4, 96, "cpu")
+    docs = passkey.make_batch(1, 97, digits=5, seed=spec["seed"] * 1_000_003 + 3).tokens
+    assert torch.equal(x[0], docs[0, :-1]) and torch.equal(y[0], docs[0, 1:])  # one row in four is a passkey
+    text, _ = E.load_data(spec).train_batch(3, spec["seed"], 4, 96, "cpu")
+    assert torch.equal(x[1:], text[1:])
+    assert E.training_data({**spec, "passkey": {**spec["passkey"], "enabled": False}}, E.load_data(spec)) is \
+        E.load_data(spec)
 
 
 def test_extension_keeps_weights_and_changes_only_rope(spec, checkpoint):

@@ -1,4 +1,5 @@
-"""The tiny GPT: shapes per layout, the MLA cache ledger, parameter matching, backends agreeing on the loss."""
+"""The tiny GPT: shapes per layout, the MLA cache ledger, parameter matching, backends agreeing on the loss, the
+SwiGLU MLP and Smooth-SwiGLU."""
 import dataclasses
 
 import pytest
@@ -6,7 +7,7 @@ import torch
 
 from attnbench.errors import ConfigError
 from attnbench.kernels.registry import all_backends, safe_available
-from attnbench.models.gpt import GPT, GPTConfig, count_params, match_params
+from attnbench.models.gpt import GPT, GPTConfig, SwiGLU, count_params, match_params, smooth_scales
 from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend
 from attnbench.train.loop import lm_loss
 
@@ -84,7 +85,60 @@ def test_match_params_brings_every_layout_within_one_mlp_unit():
         assert matched.d_ff != ref.ffn_dim
 
 
+def test_swiglu_width_and_parameter_matching():
+    gelu, swiglu = _cfg("mha"), _cfg("mha", mlp="swiglu")
+    assert swiglu.ffn_dim == 96 and GPTConfig(d_model=384, mlp="swiglu").ffn_dim == 1024  # 8/3 d, up to 16
+    assert isinstance(GPT(swiglu).blocks[0].mlp, SwiGLU)
+    matched = match_params(swiglu, count_params(gelu))
+    assert abs(count_params(matched) - count_params(gelu)) <= 1.5 * swiglu.d_model * swiglu.n_layers
+
+
+def test_smooth_scales_are_powers_of_two_that_bring_each_channel_max_into_half_to_one():
+    h = torch.tensor([[3.0, -0.01, 0.0, 4.0], [1.0, 0.005, 0.0, -0.5]])
+    s = smooth_scales(h)
+    assert s.tolist() == [0.25, 64.0, 1.0, 0.25]  # 2^-ceil(log2 max|h_i|); an all-zero channel keeps 1
+    scaled = (h * s).abs().amax(dim=0)
+    assert ((scaled > 0.5) & (scaled <= 1) | (scaled == 0)).all()
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_smooth_swiglu_is_the_same_function_bit_for_bit_outside_fp8(autocast):
+    torch.manual_seed(0)
+    plain = GPT(_cfg("mha", mlp="swiglu"))
+    smooth = GPT(_cfg("mha", mlp="swiglu", smooth_swiglu=True))
+    smooth.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 256, (2, 32))
+    out = {}
+    for name, model in (("plain", plain), ("smooth", smooth)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = lm_loss(model(idx), idx)[0]
+        loss.backward()
+        out[name] = (loss.detach(), [p.grad.clone() for p in model.parameters()])
+    assert torch.equal(out["plain"][0], out["smooth"][0])
+    assert all(torch.equal(a, b) for a, b in zip(out["plain"][1], out["smooth"][1]))
+
+
+def test_an_fp8_cast_sees_the_smoothed_swiglu_output():
+    from attnbench.train.precision import Fp8StatsRecorder
+
+    torch.manual_seed(0)
+    seen = {}
+    for smooth in (False, True):
+        model = GPT(_cfg("mha", mlp="swiglu", smooth_swiglu=smooth))
+        torch.nn.init.normal_(model.blocks[0].mlp.fc.weight, std=2.0)  # a large linear branch
+        rec = Fp8StatsRecorder(model, ("tensorwise",))
+        with rec.recording():
+            model(torch.randint(0, 256, (2, 32))).float().mean().backward()
+        layer = {r["layer"]: r for r in rec.layer_rows(0) if r["kind"] == "act"}
+        seen[smooth] = layer["blocks.0.mlp.proj"]["amax"]
+    assert seen[False] > 1 and 0.5 < seen[True] <= 1  # the down projection's input: its channel maxima at most 1
+
+
 def test_model_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="model.mlp='relu' is not allowed; allowed: gelu, swiglu"):
+        GPTConfig(mlp="relu")
+    with pytest.raises(ConfigError, match="model.smooth_swiglu=true needs model.mlp: swiglu"):
+        GPTConfig(smooth_swiglu=True)
     with pytest.raises(ConfigError, match="model.layout='mha2'.*allowed: mha, gqa, mqa, mla"):
         GPTConfig(layout="mha2")
     with pytest.raises(ConfigError, match="model.n_kv_heads=3.*allowed: 1, 2, 4"):

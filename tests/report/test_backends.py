@@ -79,7 +79,7 @@ def test_the_sweep_file_plans_every_committed_reference_pair():
     measured is planned, with the FA3-style grids (constant B·S) the tables need."""
     plan = load_plan(REPO / "config/sweeps/h200-backends.yaml", "cuda")
     planned = {(c.case_id, b) for g in plan.microbench.values() for c in g.cases for b in g.backends}
-    reference = pd.read_parquet(REPO / "results/reference/h200/backends/backends.parquet")
+    reference = pd.read_parquet(REPO / "results/reference/h200/backends/microbench.parquet")
     assert set(zip(reference["case_id"], reference["backend"])) <= planned
     backends_named = {b for g in plan.microbench.values() for b in g.backends}
     assert {"fa4", "sdpa-cudnn", "sdpa-flash", "flashinfer", "flashinfer-fp8kv", "flashinfer-mla", "triton",

@@ -138,7 +138,7 @@ def test_every_path_of_a_sweep_stays_under_its_two_folders():
     ("max_err_ratio", float("nan"), "max_err_ratio=nan is not allowed; allowed: a finite number"),
     ("timing.cpu_min_run_time_s", float("inf"), "timing.cpu_min_run_time_s=inf is not allowed"),
     ("seed", 2 ** 70, "seed: 1180591620717411303424 is greater than the maximum of 2147483647"),
-    ("pretrain.train.seed", 2 ** 70, "pretrain.train.seed: 1180591620717411303424 is greater than the maximum"),
+    ("pretrain.train.init_seed", 2 ** 70, "pretrain.train.init_seed: 1180591620717411303424 is greater than the maximum"),
     ("context.capability.seed", -1, "context.capability.seed: -1 is less than the minimum of 0"),
     ("pretrain.model.d_model", 10 ** 9, "pretrain.model.d_model: 1000000000 is greater than the maximum of 65536"),
     ("pretrain.train.compile", "yes", "pretrain.train.compile: 'yes' is not of type 'boolean'"),

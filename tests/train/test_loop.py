@@ -1,4 +1,5 @@
-"""Training runs: data pinning and order, exact resume, non-finite steps, precisions, FP8 statistics, experiments, CLI."""
+"""Training runs: data pinning and order, separate init and data seeds, exact resume, non-finite steps, time budgets,
+custom data sources and initial weights, precisions, FP8 statistics (summed and per layer)."""
 import dataclasses
 import hashlib
 import json
@@ -13,13 +14,9 @@ import pytest
 import torch
 import yaml
 
-from attnbench.cli import main
-from attnbench import plan as planner
-from attnbench.config import validate_config
 from attnbench.errors import ConfigError
 from attnbench.data import CORPORA
-from attnbench.models.gpt import GPTConfig, count_params
-from attnbench.train import experiments as ex
+from attnbench.models.gpt import GPTConfig
 from attnbench.train.data import DataConfig, SyntheticConfig, load_tokens
 from attnbench.train.loop import RunSpec, TrainConfig, lr_at, speed_stats, train
 from attnbench.train.precision import (FORMATS, Fp8StatsRecorder, MXFP8EmulatedLinear, fp8_tensor_stats,
@@ -78,7 +75,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 
 def test_run_writes_step_log_and_summary(tmp_path):
     summary = train(_spec(fp8_stats=("tensorwise",), fp8_stats_every=4, snapshot_steps=(0, 12)), tmp_path, "cpu",
-                    peak_flops=1e9)
+                    peak_flops=1e9, peak_flops_source="a test ceiling")
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     assert len(steps) == 12 and summary["status"] == "ok" and summary["steps_done"] == 12
     for col in ("loss", "grad_norm", "update_rms", "lr", "logz_mean", "tokens_per_s", "memory_bytes", "max_logit_l0",
@@ -88,12 +85,74 @@ def test_run_writes_step_log_and_summary(tmp_path):
     assert steps["val_loss"].notna().sum() == 2
     assert (steps["update_rms"] > 0).all() and steps["loss"].notna().all()
     assert summary["corpus_sha256"] == load_tokens(SYNTH).sha256
-    assert summary["spike_window"] == 10 and summary["mfu"] > 0
+    assert summary["mfu"] > 0 and summary["peak_flops_source"] == "a test ceiling"
+    # both spike definitions, windows stated; 12 steps are too few for either window: nothing scored
+    assert (summary["spike_window_olmo2_paper"], summary["spike_window_olmo_core"]) == (1000, 128)
+    assert math.isnan(summary["spike_score_olmo2_paper_loss"]) and math.isnan(summary["spike_score_olmo_core_any"])
+    assert summary["spike_span_olmo_core"] == 12 and math.isnan(summary["spike_min_jump_olmo_core_loss"])
+    assert summary["gpu_sharing"] == "unchecked: a cpu run" and summary["gpu_lease"] == ""
+    assert (summary["init_seed"], summary["data_seed"]) == (0, 0)
     assert summary["final_val_loss"] < summary["initial_val_loss"]
     assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == ["0.pt", "12.pt"]
+    snap = torch.load(tmp_path / "snapshots" / "12.pt", weights_only=True)
+    assert "wte.weight" in snap and "lm_head.weight" not in snap  # the tied head once
+    layers = pd.read_parquet(tmp_path / "fp8_layers.parquet")
+    assert set(layers["step"]) == {0, 4, 8} and set(layers["kind"]) == {"act", "weight", "grad"}
+    assert set(layers["layer"]) == {"blocks.0.attn.wq", "blocks.0.attn.wk", "blocks.0.attn.wv", "blocks.0.attn.wo",
+                                    "blocks.0.mlp.fc", "blocks.0.mlp.proj"}
+    at0 = layers[(layers["step"] == 0) & (layers["kind"] == "grad")]
+    assert at0["amax"].max() == pytest.approx(steps.loc[0, "fp8_tensorwise_grad_amax"])  # the sum is over layers
     assert not (tmp_path / "ckpt.pt").exists()
     assert train(_spec(fp8_stats=("tensorwise",), fp8_stats_every=4, snapshot_steps=(0, 12)), tmp_path, "cpu") == \
         json.loads((tmp_path / "summary.json").read_text())  # a finished run is not run again
+
+
+def test_init_and_data_seeds_are_separate(tmp_path):
+    runs = {name: _spec(snapshot_steps=(0,), **seeds) for name, seeds in
+            {"ref": {}, "init": {"init_seed": 5}, "data": {"data_seed": 5}}.items()}
+    steps = {}
+    for name, spec in runs.items():
+        train(spec, tmp_path / name, "cpu")
+        steps[name] = pd.read_parquet(tmp_path / name / "steps.parquet")
+    init = {n: torch.load(tmp_path / n / "snapshots" / "0.pt", weights_only=True)["wte.weight"] for n in runs}
+    assert torch.equal(init["ref"], init["data"]) and not torch.equal(init["ref"], init["init"])
+    data = load_tokens(SYNTH)
+    x0, _ = data.train_batch(3, 0, 4, 16, "cpu")
+    assert not torch.equal(x0, data.train_batch(3, 5, 4, 16, "cpu")[0])  # the batches follow data_seed alone
+    assert steps["ref"]["loss"].iloc[0] != steps["data"]["loss"].iloc[0]  # same weights, other batch
+    assert steps["ref"]["loss"].iloc[0] != steps["init"]["loss"].iloc[0]  # same batch, other weights
+
+
+def test_initial_weights_and_a_data_source_enter_the_run_identity(tmp_path):
+    first = train(_spec(), tmp_path / "a", "cpu")
+    weights = torch.load(tmp_path / "a" / "final.pt", weights_only=True)
+
+    class Shifted:  # any BatchSource: the loop reads batches, validation batches and an identity
+        def __init__(self, data):
+            self.data, self.name, self.sha256, self.loss_floor = data, data.name + "+shifted", data.sha256, math.nan
+
+        def train_batch(self, step, seed, batch_size, seq_len, device):
+            return self.data.train_batch(step + 1000, seed, batch_size, seq_len, device)
+
+        def val_batches(self, *args):
+            return self.data.val_batches(*args)
+
+    tuned = train(_spec(), tmp_path / "b", "cpu", init_state=weights, data=Shifted(load_tokens(SYNTH)))
+    assert tuned["config_hash"] != first["config_hash"] and tuned["corpus"].endswith("+shifted")
+    assert tuned["initial_val_loss"] == pytest.approx(first["final_val_loss"])  # it started from the weights
+    assert tuned["init_sha256"] and json.loads((tmp_path / "b" / "run.json").read_text())["init_sha256"]
+    again = train(_spec(), tmp_path / "b", "cpu", init_state=weights, data=Shifted(load_tokens(SYNTH)))
+    assert json.dumps(again, sort_keys=True) == json.dumps(tuned, sort_keys=True)  # the same identity: not rerun
+    other = train(_spec(), tmp_path / "b", "cpu", data=Shifted(load_tokens(SYNTH)))
+    assert other["config_hash"] != tuned["config_hash"]  # other initial weights: trained again
+
+
+def test_a_run_cut_by_its_time_budget_ends_with_an_evaluation_and_resumes(tmp_path):
+    cut = train(_spec(), tmp_path, "cpu", deadline=time.monotonic() - 1)
+    assert cut["status"] == "truncated" and cut["steps_done"] == 1 and math.isfinite(cut["final_val_loss"])
+    assert (tmp_path / "ckpt.pt").exists()
+    done = train(_spec(), tmp_path, "cpu")
+    assert done["status"] == "ok" and done["steps_done"] == 12
 
 
 def test_speed_is_the_median_and_iqr_after_the_first_tenth_of_steps():
@@ -300,94 +359,6 @@ def test_precision_names():
     assert get_precision("mxfp8").matmul_dtype == "fp8"
     with pytest.raises(ValueError, match="train.precision='fp4'"):
         get_precision("fp4")
-
-
-def _tiny_config(tmp_path) -> dict:
-    return validate_config({
-        "device": "cpu",
-        "microbench": {"cpu": {"backends": ["sdpa-math"], "groups": {"g": {"mode": "fwd", "batch": 1, "heads_q": 2,
-                                                                          "head_dim": 16, "seq": 32, "dtype": "fp32"}}},
-                       "cuda": {"backends": ["sdpa-math"], "groups": {"g": {"mode": "fwd", "batch": 1, "heads_q": 2,
-                                                                           "head_dim": 16, "seq": 32, "dtype": "fp32"}}}},
-        "pretrain": {"data": {"source": "synthetic", "synthetic": {"tokens": 20000}},
-                     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16},
-                     "train": {"steps": 8, "warmup_steps": 2, "batch_size": 4, "seq_len": 16, "eval_every": 4,
-                               "eval_batches": 1},
-                     "experiments": {"divergence": {"backends": ["sdpa-math", "eager"], "snapshots": 2,
-                                                    "swap_precision": "bf16"},
-                                     "lr_sensitivity": {"lrs": [0.01, 0.1]},
-                                     "layouts": {"backend": "sdpa-math",
-                                                 "layouts": {"mha": {}, "mqa": {},
-                                                             "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8,
-                                                                     "qk_rope_head_dim": 4, "v_head_dim": 8}}}}},
-    })
-
-
-def test_divergence_plan_changes_one_thing_per_run(tmp_path):
-    specs = ex.plan_runs(planner.device_view(_tiny_config(tmp_path), "cpu")["pretrain"], "divergence")
-    ref = specs[0]
-    assert [s.tags["swap"] for s in specs] == ["reference", "backend", "seed", "precision"]
-    for spec in specs[1:]:
-        diffs = {k for k, v in spec.model.to_dict().items() if ref.model.to_dict()[k] != v}
-        diffs |= {k for k, v in dataclasses.asdict(spec.train).items() if dataclasses.asdict(ref.train)[k] != v}
-        assert diffs == {"backend": {"backend"}, "seed": {"seed"}, "precision": {"precision"}}[spec.tags["swap"]]
-    assert ref.train.snapshot_steps == (0, 4, 8)
-
-
-def test_layouts_plan_matches_parameters(tmp_path):
-    specs = ex.plan_runs(planner.device_view(_tiny_config(tmp_path), "cpu")["pretrain"], "layouts")
-    counts = [count_params(s.model) for s in specs]
-    assert [s.model.layout for s in specs] == ["mha", "mqa", "mla"]
-    assert max(counts) - min(counts) <= TINY_MODEL.d_model * TINY_MODEL.n_layers
-
-
-def test_experiment_runs_and_renders_tables_and_figures(tmp_path):
-    job = planner.build_plan(_tiny_config(tmp_path)).job("pretrain", "divergence").payload
-    frames = ex.run_experiment(job, tmp_path / "exp", progress=False, peak_cache={"fp32": 1e9, "bf16": 1e9})
-    div = frames["divergence"]
-    assert set(div["swap"]) == {"backend", "seed", "precision"} and set(div["step"]) == {0, 4, 8}
-    assert (div[div["step"] == 0].query("swap != 'seed'")[["max_abs", "rel_l2"]] == 0).all().all()  # same init
-    assert (div[(div["swap"] == "seed") & (div["step"] == 8)]["rel_l2"] > 0.1).all()
-    assert set(frames["numerics"]["status"]) == {"ok"} and (frames["numerics"]["out_rel_err"] < 1e-2).all()
-    from attnbench.report.artifacts import write_stage
-    from attnbench.report.pretrain import build
-
-    index = write_stage("pretrain", build({"divergence": tmp_path / "exp"}), tmp_path / "report")
-    names = {Path(f).name for entry in index["tables"] + index["figures"] for f in entry["files"].values()}
-    assert {"divergence.md", "divergence.tex", "divergence.csv", "divergence_loss.md", "divergence_numerics.md",
-            "divergence.png"} <= names
-    assert {entry["group"] for entry in index["tables"]} == {"divergence"}
-    assert "Golden et al. 2024" in (tmp_path / "report" / "tables" / "divergence.md").read_text()
-
-
-def test_loss_divergence_is_the_per_step_gap_to_the_reference():
-    runs = pd.DataFrame({"run": ["ref", "k", "s"], "swap": ["reference", "backend", "seed"],
-                         "variant": ["math", "flash", "seed 1"], "status": ["ok", "ok", "truncated"],
-                         "final_val_loss": [1.5, 1.25, 2.0]})
-    steps = pd.DataFrame({"run": ["ref"] * 3 + ["k"] * 3 + ["s"] * 2, "step": [0, 1, 2, 0, 1, 2, 0, 1],
-                          "loss": [3.0, 2.0, 1.0, 3.0, 2.5, 1.0, 4.0, 2.0]})
-    frame = ex.loss_divergence_frame(runs, steps).set_index("variant")
-    assert frame.loc["flash", "steps_compared"] == 3 and frame.loc["flash", "val_loss_gap"] == -0.25
-    assert frame.loc["flash", "train_loss_gap_max"] == 0.5
-    assert abs(frame.loc["flash", "train_loss_gap_rms"] - (0.25 / 3) ** 0.5) < 1e-12
-    assert frame.loc["seed 1", "steps_compared"] == 2 and frame.loc["seed 1", "train_loss_gap_rms"] == 0.5 ** 0.5
-    assert ex.loss_divergence_frame(runs[runs["swap"] != "reference"], steps).empty
-
-
-def test_cli_train_and_experiment_list(tmp_path, capsys):
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(_tiny_config(tmp_path), sort_keys=False))  # layout order matters
-    assert main(["experiment", "list", "--config", str(path)]) == 0
-    listed = capsys.readouterr().out.split()
-    assert [n for n in listed if n.startswith("lr_sensitivity/")] == [
-        "lr_sensitivity/baseline/lr0.01", "lr_sensitivity/baseline/lr0.1",
-        "lr_sensitivity/qk_norm-z_loss/lr0.01", "lr_sensitivity/qk_norm-z_loss/lr0.1"]
-    assert main(["train", "--config", str(path), "--run", "layouts/mqa", "--out", str(tmp_path / "run"),
-                 "--no-progress"]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["run"] == "layouts/mqa" and out["status"] == "ok"
-    assert main(["train", "--config", str(path), "--run", "layouts/gqa", "--out", str(tmp_path / "x")]) == 2
-    assert "allowed: layouts/mha, layouts/mqa, layouts/mla" in capsys.readouterr().err
 
 
 def test_tokens_per_joule_over_the_warm_steps():

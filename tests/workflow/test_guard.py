@@ -84,9 +84,11 @@ def test_lease_command_sets_cuda_visible_devices(tmp_path, monkeypatch):
     monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path / "locks"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     out = tmp_path / "seen.txt"
-    code = main(["lease", "--", sys.executable, "-c",
-                 f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])"])
-    assert code == 0 and out.read_text() == "7" and os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+    code = main(["lease", "--device", "cuda", "--", sys.executable, "-c",
+                 f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'] + ' ' "
+                 "+ os.environ['ATTNBENCH_LEASE'])"])
+    assert code == 0 and out.read_text() == "7 cuda:7" and os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+    assert "ATTNBENCH_LEASE" not in os.environ  # the child's record of its lease, not this process's
 
 
 def _leased_env(tmp_path, *args):

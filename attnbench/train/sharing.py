@@ -1,0 +1,79 @@
+"""Whether a training run had its GPU to itself: the lease it ran under, and the processes NVML saw on it.
+
+A run's tokens/s and MFU are its own only if nothing else ran on its GPU meanwhile. The pipeline
+gives every GPU job a whole GPU (``attnbench lease``, which holds a host-wide lock per device and
+sets ``ATTNBENCH_LEASE`` to ``cuda:<id>`` for its child, :mod:`attnbench.workflow.lease`); this module records that, and checks
+it: NVML's list of compute processes on the run's GPU (``nvmlDeviceGetComputeRunningProcesses``) is
+sampled when the run starts, at every evaluation and when it ends.
+
+Summary columns: ``gpu_lease`` (the leased device id, empty without a lease), ``gpu_sharing``
+(``alone``: no sample saw another process; ``shared``: some did, their process ids in
+``gpu_shared_with``; ``unchecked: <why>`` on a CPU or without NVML) and ``gpu_sharing_samples``.
+The run's own process is one entry of NVML's list once its CUDA context exists; inside a PID
+namespace (a container) NVML reports host process ids, so the own entry cannot be told apart by id:
+the count of others is the list's length minus one, and ``gpu_shared_with`` may then hold the run's
+own host id. NVML cannot list processes of other containers on some drivers: ``alone`` means no
+process was visible, and the lease is what guarantees it inside one pipeline.
+"""
+from __future__ import annotations
+
+import os
+
+from attnbench.failures import first_line
+
+from attnbench.bench.telemetry import LEASE_ENV  # noqa: E402  (the lease's one variable)
+
+
+def _nvml_handle():
+    """NVML's handle of the GPU torch uses, the way :mod:`attnbench.bench.provenance` names it."""
+    import pynvml
+    import torch
+
+    from attnbench.bench.provenance import gpu_selector
+
+    pynvml.nvmlInit()
+    index = torch.cuda.current_device()
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    gpu = gpu_selector(uuid, os.environ.get("CUDA_VISIBLE_DEVICES"), index)
+    if gpu.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(gpu)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
+
+
+class GpuSharing:
+    """Samples the other compute processes on the run's GPU (see the module docstring)."""
+
+    def __init__(self, device: str):
+        self.others: set[int] = set()
+        self.samples, self.most_others, self.handle, self.why = 0, 0, None, ""
+        if device != "cuda":
+            self.why = f"unchecked: a {device} run"
+            return
+        try:
+            self.handle = _nvml_handle()
+        except Exception as err:  # no nvidia-ml-py, no driver access
+            self.why = f"unchecked: NVML unavailable ({first_line(err)})"
+
+    def sample(self) -> None:
+        if self.handle is None:
+            return
+        import pynvml
+
+        try:
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception as err:
+            self.handle, self.why = None, f"unchecked: NVML process query failed ({type(err).__name__})"
+            return
+        own = os.getpid()
+        self.samples += 1
+        self.most_others = max(self.most_others, max(0, len(procs) - 1))  # the run's own context is one of them
+        self.others |= {int(p.pid) for p in procs if int(p.pid) != own}
+
+    def summary(self) -> dict:
+        if self.handle is None and not self.samples:
+            sharing = self.why
+        else:
+            sharing = "shared" if self.most_others else "alone"
+        return {"gpu_lease": os.environ.get(LEASE_ENV, "").removeprefix("cuda:"), "gpu_sharing": sharing,
+                "gpu_shared_with": ",".join(map(str, sorted(self.others))) if self.most_others else "",
+                "gpu_sharing_samples": self.samples}

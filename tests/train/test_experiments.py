@@ -1,0 +1,242 @@
+"""The pretraining experiments: plans (arms, seeds, variants), training in parts, result frames with intervals,
+tables and figures, and the CLI."""
+import copy
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from attnbench.cli import main
+from attnbench import plan as planner
+from attnbench.bench.ceilings import Ceilings
+from attnbench.config import validate_config
+from attnbench.errors import ConfigError
+from attnbench.models.gpt import count_params
+from attnbench.train import experiments as ex
+
+PEAKS = {d: (1e9, "a test ceiling") for d in ("fp32", "bf16", "fp16", "fp8")}
+TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16}
+
+
+def _tiny_config(**experiments) -> dict:
+    grid = {"backends": ["sdpa-math"], "groups": {"g": {"mode": "fwd", "batch": 1, "heads_q": 2, "head_dim": 16,
+                                                      "seq": 32, "dtype": "fp32"}}}
+    exps = {"divergence": {"references": ["sdpa-math", "eager"], "kernels": ["sdpa-flash", "sdpa-cudnn"],
+                           "swap_precisions": ["bf16"], "seeds": [0, 1], "snapshots": 2},
+            "lr_sensitivity": {"lrs": [0.01, 0.1], "seeds": [0, 1]},
+            "fp8": {"precisions": ["bf16", "fp8-tensorwise"], "seeds": [0, 1], "swiglu_precisions": ["bf16"]},
+            "layouts": {"backend": "sdpa-math",
+                        "layouts": {"mha": {}, "mqa": {}, "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8,
+                                                                   "qk_rope_head_dim": 4, "v_head_dim": 8}}}}
+    exps.update(experiments)
+    return validate_config({
+        "device": "cpu", "stages": ["pretrain"], "microbench": {"cpu": grid, "cuda": copy.deepcopy(grid)},
+        "pretrain": {"data": {"source": "synthetic", "synthetic": {"tokens": 20000}}, "model": TINY_MODEL,
+                     "train": {"steps": 8, "batch_size": 4, "seq_len": 16, "eval_every": 4, "eval_batches": 1,
+                               "probe_every": 4}, "experiments": exps}})
+
+
+def _view(config) -> dict:
+    return planner.device_view(config, "cpu")["pretrain"]
+
+
+def _job(config, experiment: str) -> dict:
+    return planner.build_plan(config).job("pretrain", experiment).payload
+
+
+def test_divergence_plan_has_every_arm_at_every_seed_and_changes_one_thing_per_run():
+    specs = {s.name: s for s in ex.plan_runs(_view(_tiny_config()), "divergence")}
+    assert list(specs)[:9] == [f"divergence/{v}/s0" for v in (
+        "sdpa-math", "eager", "sdpa-flash", "sdpa-cudnn", "sdpa-math-replicate", "eager-replicate", "sdpa-math-bf16",
+        "sdpa-math-init", "sdpa-math-data")]
+    assert len(specs) == 18  # seed-major: all of seed 0, then seed 1
+    for seed in (0, 1):
+        ref = specs[f"divergence/sdpa-math/s{seed}"]
+        assert (ref.train.init_seed, ref.train.data_seed, ref.train.compile) == (seed, seed, False)
+        assert ref.train.snapshot_steps == (0, 4, 8)
+        expected = {"eager": {"backend"}, "sdpa-flash": {"backend"}, "sdpa-math-replicate": set(),
+                    "sdpa-math-bf16": {"precision"}, "sdpa-math-init": {"init_seed"}, "sdpa-math-data": {"data_seed"}}
+        for variant, diffs in expected.items():
+            spec = specs[f"divergence/{variant}/s{seed}"]
+            changed = {k for k, v in spec.model.to_dict().items() if ref.model.to_dict()[k] != v}
+            changed |= {k for k, v in dataclasses.asdict(spec.train).items() if dataclasses.asdict(ref.train)[k] != v}
+            assert changed == diffs, variant
+        assert specs[f"divergence/sdpa-math-init/s{seed}"].train.init_seed == seed + 1000
+    pairs = ex.divergence_pairs(ex._spec_rows(list(specs.values())))
+    labels = {(p["arm"], p["label"]) for p in pairs}
+    assert labels == {("kernel", "eager vs sdpa-math"), ("kernel", "sdpa-flash vs sdpa-math"),
+                      ("kernel", "sdpa-flash vs eager"), ("kernel", "sdpa-cudnn vs sdpa-math"),
+                      ("kernel", "sdpa-cudnn vs eager"), ("replicate", "sdpa-math replicate"),
+                      ("replicate", "eager replicate"), ("precision", "bf16 vs fp32 (sdpa-math)"),
+                      ("init_seed", "init seed swap (sdpa-math)"), ("data_order", "data order swap (sdpa-math)")}
+    assert len(pairs) == 2 * len(labels) and all(p["reference_run"].endswith(f"/s{p['seed']}") for p in pairs)
+
+
+def test_lr_and_fp8_plans_run_every_variant_at_their_seeds():
+    view = _view(_tiny_config())
+    lr = [s.name for s in ex.plan_runs(view, "lr_sensitivity")]
+    assert lr[:4] == ["lr_sensitivity/baseline/lr0.01/s0", "lr_sensitivity/baseline/lr0.1/s0",
+                      "lr_sensitivity/qk_norm-z_loss/lr0.01/s0", "lr_sensitivity/qk_norm-z_loss/lr0.1/s0"]
+    assert len(lr) == 8
+    fp8 = {s.name: s for s in ex.plan_runs(view, "fp8")}
+    assert list(fp8) == ["fp8/bf16/s0", "fp8/bf16/s1", "fp8/fp8-tensorwise/s0", "fp8/swiglu-bf16/s0",
+                         "fp8/smooth-swiglu-bf16/s0"]
+    smooth = fp8["fp8/smooth-swiglu-bf16/s0"].model
+    assert (smooth.mlp, smooth.smooth_swiglu, fp8["fp8/swiglu-bf16/s0"].model.smooth_swiglu) == ("swiglu", True, False)
+
+
+def test_layouts_plan_matches_parameters():
+    specs = ex.plan_runs(_view(_tiny_config()), "layouts")
+    counts = [count_params(s.model) for s in specs]
+    assert [s.model.layout for s in specs] == ["mha", "mqa", "mla"]
+    assert max(counts) - min(counts) <= TINY_MODEL["d_model"] * TINY_MODEL["n_layers"]
+
+
+def test_select_runs_takes_names_and_patterns_and_rejects_what_matches_nothing():
+    config = _tiny_config()
+    config["pretrain"]["select"] = {"experiments": ["divergence"], "runs": ["divergence/*/s1"]}
+    job = _job(config, "divergence")
+    assert len(job["runs"]) == 18 and len(job["train"]) == 9 and all(n.endswith("/s1") for n in job["train"])
+    config["pretrain"]["select"]["runs"] = ["divergence/nope/*"]
+    with pytest.raises(ConfigError, match=r"pretrain.select.runs: 'divergence/nope/\*' is not a planned run"):
+        planner.build_plan(config)
+
+
+def test_divergence_in_two_parts_with_intervals_tables_and_figures(tmp_path):
+    config = _tiny_config()
+    config["pretrain"]["select"] = {"experiments": ["divergence"], "runs": ["divergence/*/s0"]}
+    first = ex.run_experiment(_job(config, "divergence"), tmp_path / "exp", progress=False, peak_cache=dict(PEAKS))
+    runs = first["runs"].set_index("run")
+    assert (runs.loc[runs.index.str.endswith("/s1"), "status"] == "skipped").all()
+    assert "not selected" in runs.loc["divergence/sdpa-math/s1", "reason"]
+    assert runs.loc["divergence/sdpa-cudnn/s0", "status"] == "unavailable"  # no CUDA here: a row with the reason
+    config["pretrain"]["select"]["runs"] = ["divergence/*/s1"]  # the second part: seed 1; seed 0 is read back
+    frames = ex.run_experiment(_job(config, "divergence"), tmp_path / "exp", progress=False, peak_cache=dict(PEAKS))
+    runs = frames["runs"].set_index("run")
+    assert set(runs["status"]) == {"ok", "unavailable"} and len(runs) == 18
+    div = frames["divergence"]
+    assert set(div["seed"]) == {0, 1} and set(div["step"]) == {0, 4, 8}
+    at0 = div[div["step"] == 0]
+    assert (at0[at0["arm"] != "init_seed"][["max_abs", "rel_l2", "w1_mean"]] == 0).all().all()  # same initial weights
+    assert (at0[at0["arm"] == "init_seed"]["rel_l2"] > 0.1).all()  # (the LayerNorm gains, all 1, are shared)
+    replicate = div[div["arm"] == "replicate"]
+    assert (replicate[["max_abs", "rel_l2", "w1_mean", "w1_max"]] == 0).all().all()  # CPU runs are deterministic
+    assert (div[(div["arm"] == "data_order") & (div["step"] == 8)]["rel_l2"] > 0).all()
+
+    loss = ex.loss_divergence_frame(frames["runs"], frames["steps"])
+    summary = ex.divergence_summary(div, loss).set_index("label")
+    rep = summary.loc["sdpa-math replicate"]
+    assert rep["identical"] and rep["rel_l2_mean"] == 0 and rep["seeds_ok"] == 2 and rep["val_loss_gap_mean"] == 0
+    cudnn = summary.loc["sdpa-cudnn vs sdpa-math"]
+    assert cudnn["status"] == "unavailable" and cudnn["seeds_ok"] == 0 and "sdpa-cudnn" in cudnn["reason"]
+    init = summary.loc["init seed swap (sdpa-math)"]
+    assert init["rel_l2_n"] == 2 and init["rel_l2_ci_low"] < init["rel_l2_mean"] < init["rel_l2_ci_high"]
+    assert math.isinf(init["over_replicate"])  # any divergence is infinitely above a zero floor
+    num = frames["numerics"]
+    assert set(num.loc[num["backend"] != "sdpa-cudnn", "status"]) == {"ok"}
+    assert (num.loc[num["backend"] == "sdpa-cudnn", "status"] == "unavailable").all()
+    joined = ex.kernel_training_frame(ex.divergence_summary(div, loss), num, "fp32").set_index(["backend", "reference"])
+    assert joined.loc[("sdpa-flash", "sdpa-math"), "out_rel_err"] > 0
+    assert joined.loc[("sdpa-flash", "sdpa-math"), "replicate_rel_l2"] == 0
+
+    names = _rendered("divergence", tmp_path / "exp", tmp_path / "report")
+    assert {"divergence.md", "divergence.tex", "divergence.csv", "divergence_pairs.md", "divergence_numerics.md",
+            "divergence_kernels.md", "divergence_spikes.md", "divergence.png"} <= names
+    text = (tmp_path / "report" / "tables" / "divergence.md").read_text()
+    assert "Golden et al. 2024" in text and "Student-t" in text and "sdpa-math replicate" in text
+
+
+def test_lr_sensitivity_is_per_seed_over_the_whole_grid_with_diverged_runs_included():
+    rows = []
+    for seed, finals in ((0, [3.0, math.nan, 4.0]), (1, [3.2, 5.0, 4.4])):
+        for lr, final in zip((1e-3, 1e-2, 1e-1), finals):
+            rows.append({"run": f"lr/b/lr{lr}/s{seed}", "variant": "b", "seed": seed, "lr": lr,
+                         "status": "diverged" if math.isnan(final) else "ok", "final_val_loss": final,
+                         "initial_val_loss": 5.5, "max_attention_logit": 10.0})
+    rows.append({"run": "lr/q/lr0.1/s0", "variant": "q", "seed": 0, "lr": 0.1, "status": "truncated",
+                 "final_val_loss": 3.1, "initial_val_loss": 5.5, "max_attention_logit": 2.0})
+    rows.append({"run": "lr/q/lr0.1/s1", "variant": "q", "seed": 1, "lr": 0.1, "status": "error",
+                 "final_val_loss": math.nan, "initial_val_loss": math.nan, "max_attention_logit": math.nan})
+    grid, sens = ex.lr_frame(pd.DataFrame(rows))
+    b = sens.set_index("variant").loc["b"]
+    per_seed = [(3.0 + 5.5 + 4.0) / 3 - 3.0, (3.2 + 5.0 + 4.4) / 3 - 3.2]
+    assert b["lr_sensitivity_mean"] == pytest.approx(sum(per_seed) / 2) and b["lr_sensitivity_n"] == 2
+    assert b["diverged_runs"] == 1 and b["lrs"] == 3
+    q = sens.set_index("variant").loc["q"]
+    assert q["lr_sensitivity_n"] == 1 and q["incomplete_seeds"] == "1" and q["truncated_runs"] == 1
+    assert grid.loc["b", 1e-3] == pytest.approx(3.1)
+
+
+def test_fp8_gap_opens_where_it_leaves_the_baseline_seeds_band_for_good():
+    steps = [10, 20, 30, 40]
+    val = {"fp8/bf16/s0": [3.0, 2.5, 2.2, 2.0], "fp8/bf16/s1": [3.1, 2.6, 2.3, 2.1],
+           "fp8/tw/s0": [3.04, 2.7, 2.5, 2.4], "fp8/swiglu-bf16/s0": [3.0, 2.4, 2.1, 1.9],
+           "fp8/smooth-swiglu-tw/s0": [3.0, 2.4, 2.1, 1.9]}
+    runs = pd.DataFrame([{"run": r, "variant": r.split("/")[1], "seed": 0, "status": "ok",
+                          "precision": "bf16" if "bf16" in r else "fp8-tensorwise",
+                          "mlp_variant": "swiglu" if "swiglu-bf16" in r else "smooth-swiglu" if "smooth" in r else
+                          "gelu", "final_val_loss": v[-1]} for r, v in val.items()])
+    step_rows = pd.DataFrame([{"run": r, "step": s, "val_loss": x} for r, v in val.items() for s, x in zip(steps, v)])
+    runs.loc[runs["run"] == "fp8/bf16/s1", "seed"] = 1
+    gaps = ex.fp8_gap_frame(runs, step_rows)
+    tw = gaps[gaps["run"] == "fp8/tw/s0"].set_index("step")
+    # paired with bf16 at its own seed; the band is +- how far a bf16 seed lies from the seeds' mean (0.05)
+    assert tw.loc[10, "gap"] == pytest.approx(0.04) and tw.loc[10, "band_high"] == pytest.approx(0.05)
+    assert tw.loc[10, "band_low"] == pytest.approx(-0.05)
+    assert ex.gap_opens(gaps[gaps["run"] == "fp8/tw/s0"]) == 20  # inside the band at 10, outside from 20 on
+    assert (gaps[gaps["run"].str.startswith("fp8/bf16")]["gap"] == 0).all()  # a baseline seed is its own pair
+    smooth = gaps[gaps["run"] == "fp8/smooth-swiglu-tw/s0"]
+    assert (smooth["gap"] == 0).all()  # paired with the SwiGLU run: Smooth-SwiGLU has no bf16 run of its own here
+    table = ex.fp8_frame(runs, step_rows).set_index("variant")
+    assert table.loc["tw", "gap_opens_at_step"] == 20 and table.loc["tw", "gap"] == pytest.approx(0.4)
+    assert math.isnan(table.loc["bf16", "gap_opens_at_step"].iloc[0])
+
+
+def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
+    pytest.importorskip("torchao")
+    config = _tiny_config(fp8={"precisions": ["bf16", "fp8-tensorwise"], "seeds": [0], "swiglu_precisions": [],
+                               "stats": ["tensorwise"]})
+    frames = ex.run_experiment(_job(config, "fp8"), tmp_path / "exp", progress=False, peak_cache=dict(PEAKS))
+    assert set(frames["runs"]["status"]) == {"ok"}
+    layers = frames["fp8_layers"]
+    assert set(layers["run"]) == {"fp8/bf16/s0", "fp8/fp8-tensorwise/s0"} and set(layers["recipe"]) == {"tensorwise"}
+    names = _rendered("fp8", tmp_path / "exp", tmp_path / "report")
+    assert {"fp8.md", "fp8_scales.md", "fp8_layers.md", "fp8_spikes.md", "fp8.png", "fp8_layers.png"} <= names
+    assert "blocks.0.mlp.proj" in (tmp_path / "report" / "tables" / "fp8_layers.md").read_text()
+
+
+def test_ceilings_of_another_device_give_no_mfu():
+    ceilings = Ceilings("cuda", "NVIDIA H200", 4e12, {"bf16": 7e14}, "2026-01-01")
+    same = ex.ceiling_cache(ceilings, "NVIDIA H200", "results/s/ceilings.json")
+    assert same["bf16"][0] == 7e14 and "ceilings job (results/s/ceilings.json; NVIDIA H200" in same["bf16"][1]
+    other = ex.ceiling_cache(ceilings, "NVIDIA H100", "c.json")
+    assert math.isnan(other["bf16"][0]) and "measured on NVIDIA H200, this run is on NVIDIA H100" in other["bf16"][1]
+
+
+def test_cli_train_and_experiment_list(tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_tiny_config(), sort_keys=False))  # layout order matters
+    assert main(["experiment", "list", "--config", str(path)]) == 0
+    listed = capsys.readouterr().out.split()
+    assert [n for n in listed if n.startswith("lr_sensitivity/") and n.endswith("/s0")] == [
+        "lr_sensitivity/baseline/lr0.01/s0", "lr_sensitivity/baseline/lr0.1/s0",
+        "lr_sensitivity/qk_norm-z_loss/lr0.01/s0", "lr_sensitivity/qk_norm-z_loss/lr0.1/s0"]
+    assert main(["train", "--config", str(path), "--run", "layouts/mqa", "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["run"] == "layouts/mqa" and out["status"] == "ok" and out["gpu_sharing"] == "unchecked: a cpu run"
+    assert main(["train", "--config", str(path), "--run", "layouts/gqa", "--out", str(tmp_path / "x")]) == 2
+    assert "allowed: layouts/mha, layouts/mqa, layouts/mla" in capsys.readouterr().err
+
+
+def _rendered(experiment: str, exp_dir, out) -> set[str]:
+    """The file names the pretrain stage writes for one experiment (report.pretrain.build, artifacts.write_stage)."""
+    from attnbench.report.artifacts import write_stage
+    from attnbench.report.pretrain import build
+
+    index = write_stage("pretrain", build({experiment: exp_dir}), out)
+    return {Path(f).name for entry in index["tables"] + index["figures"] for f in entry["files"].values()}
