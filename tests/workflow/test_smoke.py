@@ -59,7 +59,7 @@ def test_report_has_a_section_per_stage_and_says_what_did_not_run(sweep):
     assert "Traceback" not in page
     triton = page.split(section("triton").title)[1].split(section("pretrain").title)[0]
     assert "triton_vs_best" in triton  # the microbench triton rows, beside the best other backend
-    for text in ("Table (ceilings)", "Table (fa3_fwd)", "Table (passes)", "Table (kv_cache)", "Table (divergence)",
+    for text in ("Table (ceilings)", "Table (fa3_fwd)", "Table (stability)", "Table (kv_cache)", "Table (divergence)",
                  "Table (perplexity_sliding)"):
         assert text in page, text
     command = html.unescape(re.search(r"<code>(attnbench render [^<]+)</code>", page).group(1))
