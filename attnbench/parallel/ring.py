@@ -140,7 +140,7 @@ def ring_backward(ring: Ring, do, q, k, v, out, lse, auxes):
             wait(kv_works)
             held, spare = spare, held
     wait(grad_works)
-    dk, dv = _unpack(accs[ring.world % 2], k.shape, v.shape)
+    dk, dv = _unpack(accs[ring.world % 2 if ring.world > 1 else 0], k.shape, v.shape)  # home after the last hop
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
