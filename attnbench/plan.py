@@ -135,8 +135,10 @@ def device_view(config: dict, device: str) -> dict:
     capability_schema = load_schema("context")["properties"]["capability"]
     view["context"]["capability"] = _merged_section(config["context"]["capability"], capability_schema,
                                                     "context.capability", device)
-    view["context_parallel"] = _merged_section(config["context_parallel"], load_schema("context_parallel"),
-                                               "context_parallel", device)
+    cp = dict(config["context_parallel"])
+    if device == "cuda" and "groups" in cp.get("cuda", {}):
+        cp.pop("groups")  # a cuda block's groups replace the CPU groups instead of merging into them
+    view["context_parallel"] = _merged_section(cp, load_schema("context_parallel"), "context_parallel", device)
     return view
 
 

@@ -7,8 +7,8 @@ With one rank every sharding is the same layout, so the N=1 job runs each case o
 (``contiguous``): the baseline every N is compared with (``scaling_efficiency``).
 
 A group is a grid (:func:`attnbench.workloads.grid.expand_group`) plus this stage's keys:
-``backends`` and ``shardings`` narrow the section's lists, ``documents`` packs the sequence
-(:func:`documents_for`).
+``backends``, ``shardings`` and ``world_sizes`` narrow the section's lists (a group of very long
+sequences may skip the one-GPU baseline), ``documents`` packs the sequence (:func:`documents_for`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from attnbench.parallel.sharding import Sharding, ShardingError
 from attnbench.workloads.grid import GROUP_KEYS, GRID_KEYS, GridError, expand_group
 
 STAGE = "context_parallel"
-GROUP_EXTRA_KEYS = ("shardings", "documents")
+GROUP_EXTRA_KEYS = ("shardings", "documents", "world_sizes")
 DOCUMENT_KEYS = ("lengths", "distribution", "mean", "sigma", "min_len", "seed")
 SETTINGS = ("warmup", "reps", "serial_reps", "numerics", "numerics_max_seq", "threads", "timeout_s",
             "collective_timeout_s")
@@ -86,6 +86,10 @@ def _group_items(name: str, spec: dict, section: dict, where: str, max_cases: in
                                                              for s in shardings):
         raise ConfigError(f"{where}.shardings={shardings!r} is not allowed; allowed: a non-empty list of "
                           "contiguous, zigzag, striped")
+    worlds = spec.get("world_sizes", section["world_sizes"])
+    if not isinstance(worlds, list) or not worlds or any(w not in section["world_sizes"] for w in worlds):
+        raise ConfigError(f"{where}.world_sizes={worlds!r} is not allowed; allowed: a non-empty list of the "
+                          f"section's world_sizes ({', '.join(map(str, section['world_sizes']))})")
     items = []
     for case in sorted(cases, key=lambda c: c.seq_kv):  # stable: grid order within one length
         if case.mode == "decode" or case.seq_q != case.seq_kv:
@@ -93,7 +97,7 @@ def _group_items(name: str, spec: dict, section: dict, where: str, max_cases: in
                               "(one sequence sharded over the ranks)")
         documents = documents_for(spec.get("documents"), case.seq_kv, f"{where}.documents")
         items.append({"group": name, "case": case.fields(), "documents": list(documents.lengths) if documents else None,
-                      "shardings": shardings, "backends": backends})
+                      "shardings": shardings, "backends": backends, "world_sizes": worlds})
     return items
 
 
@@ -122,7 +126,7 @@ def context_parallel_jobs(section: dict, view: dict) -> list:
     jobs = []
     for world in section["world_sizes"]:
         rows = []
-        for item in items:
+        for item in (i for i in items if world in i["world_sizes"]):
             case = Case(**item["case"])
             documents = Documents(tuple(item["documents"])) if item["documents"] else None
             for sharding in (["contiguous"] if world == 1 else item["shardings"]):

@@ -167,10 +167,10 @@ def measure(job: dict, item: dict, case: Case, documents, sharding: Sharding, ra
                      ms_p80=timing.quantile(0.8) * 1e3, cv=timing.cv, n_reps=timing.n,
                      sm_clock_end_mhz=sm_clock_mhz(), n_blocks=prepared.n_blocks,
                      comm_bytes_per_rank=prepared.comm_bytes)
-        peaks = gather_floats([peak])
+        peaks = [p[0] for p in gather_floats([peak])]
         if device == "cuda":
-            found.update(peak_mem_bytes=max(p[0] for p in peaks), peak_mem_bytes_mean=statistics.fmean(p[0] for p in peaks),
-                         per_rank_peak_mem_bytes=";".join(str(int(p[0])) for p in peaks),
+            found.update(peak_mem_bytes=max(peaks), peak_mem_bytes_mean=statistics.fmean(peaks),
+                         per_rank_peak_mem_bytes=";".join(str(int(p)) for p in peaks),
                          device_mem_bytes=torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         if prepared.serialised is not None:
             found.update(_phases(prepared, device, settings["serial_reps"]))

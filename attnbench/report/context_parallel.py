@@ -56,7 +56,8 @@ def _keys(sub: pd.DataFrame, last: tuple[str, ...]) -> list[str]:
 
 
 def _caption(what: str, df: pd.DataFrame) -> str:
-    return f"{what}. {FLOP_CONVENTION}; packed documents count only the work inside a document. Device: {device_text(df)}."
+    return (f"{what}. {FLOP_CONVENTION}; packed documents count only the work inside a document. "
+            f"Device: {device_text(df)}.")
 
 
 def _empty(name: str, caption: str, note: str) -> Table:

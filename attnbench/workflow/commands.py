@@ -2,7 +2,7 @@
 
   env            write the effective config and the versions/provenance of this host
   guard          run a results job; a crash becomes error rows for the cases it did not finish
-  lease          run any command on a leased GPU (CUDA_VISIBLE_DEVICES set)
+  lease          run any command on a leased GPU, or N of them (CUDA_VISIBLE_DEVICES set)
   rule-backend   `cases`: a job's cases as TSV; `ingest`: a command's timings as results rows
   schema         print or write a generated schema (results)
 """
@@ -67,7 +67,7 @@ def _cmd_guard(args) -> int:
 def _cmd_lease(args) -> int:
     from attnbench.workflow.lease import gpu_lease
 
-    with gpu_lease() as device:
+    with gpu_lease(count=args.gpus) as device:
         print(f"attnbench lease: GPU {device}", file=sys.stderr)
         return subprocess.call(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device})
 
@@ -122,7 +122,8 @@ def add_commands(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the job's command")
     p.set_defaults(func=_cmd_guard)
 
-    p = sub.add_parser("lease", help="run a command on one leased GPU")
+    p = sub.add_parser("lease", help="run a command on one leased GPU (or --gpus N of them)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs to lease together (default 1)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command")
     p.set_defaults(func=_cmd_lease)
 

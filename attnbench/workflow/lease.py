@@ -1,10 +1,12 @@
-"""GPU lease (DESIGN.md, "Where it runs"): one device per job, host-wide.
+"""GPU lease (DESIGN.md, "Where it runs"): one device per job (or N for a multi-GPU job), host-wide.
 
 Snakemake's ``gpu`` resource is only a scheduler token and it never sets
 ``CUDA_VISIBLE_DEVICES``. A job that needs a GPU takes an exclusive ``fcntl`` lock on one file per
 device (host-wide, under ``$ATTNBENCH_LOCK_DIR`` or the temp folder), sets ``CUDA_VISIBLE_DEVICES``
 to that device for its child, and holds the lock until the child exits. With ``--resources gpu=N``
-equal to the number of GPUs, a free device always exists; a job that finds none waits.
+equal to the number of GPUs, a free device always exists; a job that finds none waits. A job that
+asks for ``count`` devices (the context-parallel stage's N ranks) takes all of them or none: it
+releases what it locked when it cannot get the rest, so two such jobs never hold half each.
 """
 from __future__ import annotations
 
@@ -51,19 +53,40 @@ def try_lease(devices: list[str]) -> tuple[str, object] | None:
     return None
 
 
+def _release(handles) -> None:
+    for handle in handles:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def try_lease_many(devices: list[str], count: int) -> list[tuple[str, object]] | None:
+    """Lock ``count`` free devices, or none (what was locked is released): a list of (id, lock file)."""
+    held = []
+    free = list(devices)
+    while len(held) < count:
+        lease = try_lease(free)
+        if lease is None:
+            _release(h for _, h in held)
+            return None
+        held.append(lease)
+        free = free[free.index(lease[0]) + 1:]
+    return held
+
+
 @contextlib.contextmanager
-def gpu_lease(poll_s: float = 1.0):
-    """Yield the leased device id; blocks until one is free. Errors if this host has no GPU."""
+def gpu_lease(poll_s: float = 1.0, count: int = 1):
+    """Yield the leased device ids, comma-joined (one id for ``count=1``); blocks until enough are free.
+    Errors if this host has no GPU, or fewer than ``count``."""
     devices = visible_devices()
     if not devices:
         raise RuntimeError("a GPU lease was asked for, but no CUDA device is visible")
-    lease = try_lease(devices)
-    while lease is None:
+    if count > len(devices):
+        raise RuntimeError(f"a lease of {count} GPUs was asked for; this host shows {len(devices)}")
+    leases = try_lease_many(devices, count)
+    while leases is None:
         time.sleep(poll_s)
-        lease = try_lease(devices)
-    device, handle = lease
+        leases = try_lease_many(devices, count)
     try:
-        yield device
+        yield ",".join(device for device, _ in leases)
     finally:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+        _release(h for _, h in leases)

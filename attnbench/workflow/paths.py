@@ -37,6 +37,8 @@ PRETRAIN_DIR = RESULTS + "/pretrain/{experiment}"
 PRETRAIN_RUNS = PRETRAIN_DIR + "/runs.parquet"
 PRETRAIN_STEPS = PRETRAIN_DIR + "/steps.parquet"
 TRITON = RESULTS + "/triton/{group}.parquet"
+CP_PART = RESULTS + "/context_parallel/n{world}.parquet"  # one job per world size N
+CP_TABLE = RESULTS + "/context_parallel/context_parallel.parquet"  # every N's rows, scaling efficiency filled
 
 # Each stage's tables and figures: <stage>/tables/{name}.{md,tex,csv}, <stage>/figures/{name}.{png,svg},
 # and one index of both with their captions, read by the report, `snakemake --report` and publishing.

@@ -83,3 +83,11 @@ def serialised_and_triton(rank, world):
 
 def test_serialised_ring_is_timed_and_triton_blocks_ring(tmp_path):
     run_ranks(2, tmp_path, serialised_and_triton)
+
+
+def test_ring_of_one_is_plain_attention_with_and_without_documents():
+    """World size 1 (the N=1 baseline, and the unsharded yardstick of the numerics): no exchange at all."""
+    for documents in (None, Documents.from_lengths([7, 9, 8])):
+        for causal in (False, True):
+            check_ring(0, 1, sharding_name="contiguous", kernel_name="sdpa-flash", dtype=torch.float32, heads_kv=2,
+                       causal=causal, total=24, documents=documents)

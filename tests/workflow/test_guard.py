@@ -77,6 +77,20 @@ def test_gpu_leases_are_exclusive_per_device(tmp_path, monkeypatch):
     second[1].close(), third[1].close()
 
 
+def test_multi_gpu_leases_take_all_or_none(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    pair = lease.try_lease_many(lease.visible_devices(), 2)
+    assert [d for d, _ in pair] == ["0", "1"]
+    assert lease.try_lease_many(lease.visible_devices(), 3) is None  # two free of four: none taken
+    other = lease.try_lease_many(lease.visible_devices(), 2)
+    assert [d for d, _ in other] == ["2", "3"]
+    lease._release(h for _, h in pair + other)
+    with pytest.raises(RuntimeError, match="a lease of 8 GPUs was asked for; this host shows 4"):
+        with lease.gpu_lease(count=8):
+            pass
+
+
 def test_lease_command_sets_cuda_visible_devices(tmp_path, monkeypatch):
     from attnbench.cli import main
 

@@ -7,8 +7,10 @@ REPORT_STAGE_FILES = {
     "hbm": [P.HBM_TABLE, P.HBM_LEDGER, *HBM_FIGURE_FILES] if PLAN.hbm else [],
     "pretrain": [f for e in PLAN.pretrain for f in pretrain_report_files(PRETRAIN, e)],
     "context": CONTEXT_TABLES if PLAN.capability else [],
+    "context_parallel": CP_OUTPUTS if PLAN.context_parallel else [],
 }
-REPORT_NOTEBOOKS = [str(Path(workflow.basedir, "workflow", "notebooks", "microbench.py"))]
+REPORT_NOTEBOOKS = [str(Path(workflow.basedir, "workflow", "notebooks", name))
+                    for name in ["microbench.py"] + (["context_parallel.py"] if PLAN.context_parallel else [])]
 
 
 rule report:
