@@ -36,7 +36,7 @@ class Prepared:
     layout: Sharding  # how the shards map to global positions (for unsharding)
     serialised: Callable[[PhaseTimer], None] | None = None  # the call with every exchange waited for, timed
     comm_bytes: float = float("nan")  # bytes this rank sends per call
-    n_blocks: int = 0  # kernel calls of this rank per forward
+    n_blocks: float = float("nan")  # kernel calls of this rank per forward (ring)
     close: Callable[[], None] = field(default=lambda: None)
 
 

@@ -32,13 +32,14 @@ CP_COLUMNS: dict[str, tuple[str, str]] = {
     "scaling_efficiency": ("number", "tflops_per_gpu over the N=1 row's tflops (same case, documents, backend); "
                                      "filled by the stage's table"),
     "speedup_vs_1": ("number", "the N=1 row's ms_median over this row's; filled by the stage's table"),
-    "phase_method": ("string", "how compute and communication were split: cuda-events or wall-clock in a "
-                               "serialised pass (every exchange waited for before computing), or none"),
-    "serial_ms": ("number", "median time of the serialised call, slowest rank, ms"),
-    "compute_ms_max": ("number", "per-rank computation per serialised call (block kernels and merges), "
-                                 "the slowest rank's, ms"),
+    "phase_method": ("string", "how computation and communication were split: ring rows in a serialised pass "
+                               "(every exchange waited for before computing) timed with cuda-events or "
+                               "wall-clock; PyTorch's context_parallel on CUDA from the profiler's kernel times "
+                               "(NCCL kernels against the rest); or none"),
+    "serial_ms": ("number", "median time of the serialised call, slowest rank, ms (ring)"),
+    "compute_ms_max": ("number", "per-rank computation per call (block kernels and merges), the slowest rank's, ms"),
     "compute_ms_mean": ("number", "the same, mean over ranks, ms"),
-    "comm_ms": ("number", "communication per serialised call, the slowest rank's, ms"),
+    "comm_ms": ("number", "communication per call, the slowest rank's, ms"),
     "exposed_comm_ms": ("number", "max(0, ms_median - compute_ms_max): time of the overlapped call not covered "
                                   "by the slowest rank's computation, ms"),
     "comm_compute_ratio": ("number", "comm_ms / compute_ms_max"),

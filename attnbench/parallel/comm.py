@@ -66,6 +66,23 @@ class PhaseTimer:
         self.spans = {phase: [] for phase in PHASES}
 
 
+def kernel_time_split(fn) -> dict[str, float]:
+    """Seconds of GPU kernel time in one call of ``fn``, split into NCCL kernels (communication) and the
+    rest (computation), from the PyTorch profiler: for a call with no hook between its exchanges and its
+    blocks (PyTorch's context_parallel). Kernel times are summed, so overlapping kernels count in full."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    spent = {phase: 0.0 for phase in PHASES}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            phase = "comm" if "nccl" in event.name.lower() else "compute"
+            spent[phase] += event.time_range.elapsed_us() / 1e6
+    return spent
+
+
 def span(timer: PhaseTimer | None, phase: str):
     """The timer's span, or nothing when no timer is attached."""
     return timer.span(phase) if timer is not None else contextlib.nullcontext()

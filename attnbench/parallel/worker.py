@@ -6,8 +6,9 @@ Every rank runs every item of the job (:mod:`attnbench.parallel.plan`) in the sa
    (:meth:`attnbench.parallel.backends.CPBackend.prepare`) and free the rest;
 2. one call, which is the first warm-up and, on CUDA, the peak-memory measurement;
 3. the timed repetitions (:func:`attnbench.parallel.timing.time_ranks`);
-4. ring backends: the serialised calls, split into computation and communication per rank
-   (:class:`attnbench.parallel.comm.PhaseTimer`);
+4. computation against communication per rank: ring backends in serialised calls
+   (:class:`attnbench.parallel.comm.PhaseTimer`), PyTorch's context_parallel on CUDA from the
+   profiler's kernel times (:func:`attnbench.parallel.comm.kernel_time_split`);
 5. numerics up to ``numerics_max_seq``: the shards gathered against fp64 on the whole sequence,
    and the same kernel's unsharded error as the yardstick (:mod:`attnbench.parallel.numerics`).
 
@@ -41,7 +42,7 @@ from attnbench.parallel import numerics
 from attnbench.parallel.backends import Prepared, get_cp_backend
 from attnbench.parallel.blocks import rank_work
 from attnbench.parallel.columns import flops, frame
-from attnbench.parallel.comm import PhaseTimer
+from attnbench.parallel.comm import PhaseTimer, kernel_time_split
 from attnbench.parallel.documents import Documents
 from attnbench.parallel.plan import STAGE
 from attnbench.parallel.ring import Ring, ring_attention
@@ -75,26 +76,47 @@ def _sync(device: str) -> None:
 
 
 def _phases(prepared: Prepared, device: str, reps: int) -> dict:
-    """Per-rank computation and communication of the serialised call (median over ``reps``), every rank's."""
-    timer = PhaseTimer(device)
-    compute, comm, wall = [], [], []
-    for _ in range(reps):
-        timer.reset()
+    """Per-rank computation and communication per call, every rank's, and how they were measured.
+
+    Ring: the serialised call (median over ``reps``), timed span by span (:class:`PhaseTimer`).
+    PyTorch's context_parallel on CUDA: the profiler's kernel time of one overlapped call, NCCL
+    kernels against the rest (:func:`kernel_time_split`). Otherwise nothing is split.
+    """
+    if prepared.serialised is not None:
+        timer = PhaseTimer(device)
+        method = f"{timer.method} (serialised pass)"
+        compute, comm, wall = [], [], []
+        for _ in range(reps):
+            timer.reset()
+            dist.barrier()
+            start = time.perf_counter()
+            prepared.serialised(timer)
+            _sync(device)
+            wall.append(time.perf_counter() - start)
+            spent = timer.totals_s()
+            compute.append(spent["compute"])
+            comm.append(spent["comm"])
+        mine = [statistics.median(compute), statistics.median(comm), statistics.median(wall)]
+    elif device == "cuda":
+        method = "profiler kernel time, NCCL against the rest (overlapped call)"
         dist.barrier()
-        start = time.perf_counter()
-        prepared.serialised(timer)
-        _sync(device)
-        wall.append(time.perf_counter() - start)
-        spent = timer.totals_s()
-        compute.append(spent["compute"])
-        comm.append(spent["comm"])
-    mine = [statistics.median(compute), statistics.median(comm), statistics.median(wall)]
+        try:
+            spent = kernel_time_split(prepared.run)
+        except RuntimeError as err:  # the profiler is optional to a row: its time and numerics still count
+            return {"phase_method": f"none (profiler failed: {one_line(err)[:200]})"}
+        mine = [spent["compute"], spent["comm"], float("nan")]
+    else:
+        return {"phase_method": "none (no split of PyTorch's context_parallel without the CUDA profiler)"}
     per_rank = gather_floats(mine)
     compute_ms = [r[0] * 1e3 for r in per_rank]
-    return {"phase_method": f"{timer.method} (serialised pass)", "compute_ms_max": max(compute_ms),
-            "compute_ms_mean": statistics.fmean(compute_ms), "comm_ms": max(r[1] for r in per_rank) * 1e3,
-            "serial_ms": max(r[2] for r in per_rank) * 1e3,
-            "per_rank_compute_ms": ";".join(f"{c:.4g}" for c in compute_ms)}
+    found = {"phase_method": method, "compute_ms_max": max(compute_ms), "compute_ms_mean": statistics.fmean(compute_ms),
+             "comm_ms": max(r[1] for r in per_rank) * 1e3, "serial_ms": max(r[2] for r in per_rank) * 1e3,
+             "per_rank_compute_ms": ";".join(f"{c:.4g}" for c in compute_ms)}
+    found["imbalance"] = found["compute_ms_max"] / found["compute_ms_mean"] if found["compute_ms_mean"] else math.nan
+    found["comm_compute_ratio"] = found["comm_ms"] / found["compute_ms_max"] if found["compute_ms_max"] else math.nan
+    if found["comm_ms"] > 0 and math.isfinite(prepared.comm_bytes):
+        found["comm_gbps"] = prepared.comm_bytes / (found["comm_ms"] / 1e3) / 1e9
+    return found
 
 
 def _unsharded(item: dict, case: Case, full: Tensors, documents: Documents | None):
@@ -165,22 +187,18 @@ def measure(job: dict, item: dict, case: Case, documents, sharding: Sharding, ra
         timing, _ = time_ranks(prepared.run, device, max(0, settings["warmup"] - 1), settings["reps"])
         found.update(timer=timing.method, ms_median=timing.median * 1e3, ms_p20=timing.quantile(0.2) * 1e3,
                      ms_p80=timing.quantile(0.8) * 1e3, cv=timing.cv, n_reps=timing.n,
-                     sm_clock_end_mhz=sm_clock_mhz(), n_blocks=prepared.n_blocks,
-                     comm_bytes_per_rank=prepared.comm_bytes)
-        peaks = [p[0] for p in gather_floats([peak])]
+                     sm_clock_end_mhz=sm_clock_mhz(), comm_bytes_per_rank=prepared.comm_bytes)
+        per_rank = gather_floats([peak, prepared.n_blocks])
+        peaks = [r[0] for r in per_rank]
+        blocks = max(r[1] for r in per_rank)
+        found["n_blocks"] = int(blocks) if math.isfinite(blocks) else None
         if device == "cuda":
             found.update(peak_mem_bytes=max(peaks), peak_mem_bytes_mean=statistics.fmean(peaks),
                          per_rank_peak_mem_bytes=";".join(str(int(p)) for p in peaks),
                          device_mem_bytes=torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-        if prepared.serialised is not None:
-            found.update(_phases(prepared, device, settings["serial_reps"]))
+        found.update(_phases(prepared, device, settings["serial_reps"]))
+        if "compute_ms_max" in found:
             found["exposed_comm_ms"] = max(0.0, found["ms_median"] - found["compute_ms_max"])
-            found["comm_compute_ratio"] = found["comm_ms"] / found["compute_ms_max"]
-            found["imbalance"] = found["compute_ms_max"] / found["compute_ms_mean"]
-            if found["comm_ms"] > 0:
-                found["comm_gbps"] = prepared.comm_bytes / (found["comm_ms"] / 1e3) / 1e9
-        else:
-            found["phase_method"] = "none (PyTorch's context_parallel gives no hook between its exchanges and blocks)"
         if not settings["numerics"]:
             found["numerics_status"] = "off"
         elif case.seq_kv > settings["numerics_max_seq"]:
