@@ -171,6 +171,7 @@ class SdpaCudnnKernel(BlockKernel):
     native_gqa = False
 
     def _forward(self, q, k, v, *, causal: bool, scale: float):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # a block of rows is a strided view
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = aten._scaled_dot_product_cudnn_attention.default(
             q, k, v, None, True, 0.0, causal, False, scale=scale)
         b, h, s = q.shape[:3]

@@ -5,7 +5,8 @@ The command the rule runs. It starts ``python -m torch.distributed.run --standal
 do not collide; on CUDA the lease has set ``CUDA_VISIBLE_DEVICES`` to N GPUs), keeps NVLink
 multicast off for it (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
 ``NVSHMEM_DISABLE_NVLS=1``, unless set otherwise: on shared hosts multicast can take every GPU
-out of service), and kills the whole process group after ``timeout_s``.
+out of service), and kills the whole process group after ``timeout_s`` (or at the sweep deadline,
+``$ATTNBENCH_DEADLINE``, when that comes first; a job started after it runs nothing).
 
 Rank 0 writes its rows to a partial file as items finish; once torchrun exits, every planned
 item without a row gets an ``error`` row saying how the job ended (exit status or time limit,
@@ -21,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -65,7 +67,7 @@ def run_ranks(cmd: list[str], env: dict, timeout_s: float) -> tuple[str, str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        ended = f"killed at its time limit (timeout_s={timeout_s:g})"
+        ended = f"killed at its time limit ({timeout_s:.4g} s)"
     finally:
         if proc.poll() is None:  # this process was stopped: take the ranks down with it
             os.killpg(proc.pid, signal.SIGKILL)
@@ -103,10 +105,19 @@ def launch(job: dict, job_path: str, out: str) -> pd.DataFrame:
         df = frame(missing_rows(job, set(), "unavailable", f"needs {world} GPUs; this host shows {visible_gpus()}"))
         write_atomic(df, out)
         return df
+    from attnbench.workflow.guard import DEADLINE_ENV, deadline
+
+    limit, timeout_s = deadline(), job["settings"]["timeout_s"]
+    if limit is not None:
+        if time.time() >= limit:
+            df = frame(missing_rows(job, set(), "error", f"not run: the sweep deadline (${DEADLINE_ENV}) had passed"))
+            write_atomic(df, out)
+            return df
+        timeout_s = min(timeout_s, limit - time.time())
     partial = Path(out).with_name(f".{Path(out).stem}.partial.parquet")
     partial.unlink(missing_ok=True)
     env = {**MULTICAST_OFF, **os.environ, "OMP_NUM_THREADS": str(job["settings"]["threads"])}
-    ended, last = run_ranks(worker_command(job_path, str(partial), world), env, job["settings"]["timeout_s"])
+    ended, last = run_ranks(worker_command(job_path, str(partial), world), env, timeout_s)
     kept = pd.read_parquet(partial) if partial.is_file() else None
     done = set(kept["row_id"]) if kept is not None else set()
     reason = f"not measured: the job's ranks {ended}" + (f" ({last})" if last else "")

@@ -58,4 +58,12 @@ def test_a_job_stopped_at_its_time_limit_leaves_error_rows(tmp_path):
     assert main(["context-parallel", "--job", job_file(tmp_path, timeout_s=0.5), "--out", str(out)]) == 0
     df = pd.read_parquet(out)
     assert len(df) == 4 and set(df["status"]) == {"error"}
-    assert df["reason"].str.startswith("not measured: the job's ranks killed at its time limit (timeout_s=0.5)").all()
+    assert df["reason"].str.startswith("not measured: the job's ranks killed at its time limit (0.5 s)").all()
+
+
+def test_a_job_after_the_sweep_deadline_runs_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_DEADLINE", "1")
+    out = tmp_path / "n2.parquet"
+    assert main(["context-parallel", "--job", job_file(tmp_path), "--out", str(out)]) == 0
+    df = pd.read_parquet(out)
+    assert len(df) == 4 and df["reason"].str.startswith("not run: the sweep deadline").all()

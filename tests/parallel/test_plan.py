@@ -30,7 +30,8 @@ def test_one_job_per_world_size_with_every_row_once():
     assert len(jobs["n4"]["items"]) == 4 * 3 * 2  # cases x shardings x backends
     ids = [i["row_id"] for job in jobs.values() for i in job["items"]]
     assert len(ids) == len(set(ids))
-    assert [i["case"]["seq_kv"] for i in jobs["n2"]["items"]] == sorted(i["case"]["seq_kv"] for i in jobs["n2"]["items"])
+    lengths = [i["case"]["seq_kv"] for i in jobs["n2"]["items"]]
+    assert lengths == sorted(lengths)
     assert jobs["n2"]["settings"]["reps"] == 5 and jobs["n2"]["world_size"] == 2
 
 
@@ -45,7 +46,8 @@ def test_group_narrows_backends_shardings_world_sizes_and_packs_documents():
 
 
 def test_cuda_groups_replace_the_cpu_groups():
-    section = {"groups": {"cpu-only": GROUP}, "cuda": {"world_sizes": [1, 8], "groups": {"gpu": {**GROUP, "seq": 4096}}}}
+    section = {"groups": {"cpu-only": GROUP},
+               "cuda": {"world_sizes": [1, 8], "groups": {"gpu": {**GROUP, "seq": 4096}}}}
     config = validate_config({**copy.deepcopy(BASE), "context_parallel": section})
     view = device_view(config, "cuda")["context_parallel"]
     assert list(view["groups"]) == ["gpu"] and view["world_sizes"] == [1, 8]
