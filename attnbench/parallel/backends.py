@@ -138,14 +138,18 @@ class TorchCPBackend(CPBackend):
         return (False, why) if why else (True, "")
 
     def prepare(self, case, full, sharding, documents, rank):
-        mesh = _mesh(full.q.device.type, sharding.world)
-        grad = case.has_backward
-        buffers = [x.detach().clone() for x in (full.q, full.k, full.v)] + ([full.dout.clone()] if grad else [])
+        device = full.q.device
+        positions = torch.arange(sharding.total, device=device)
         stack = contextlib.ExitStack()
-        stack.enter_context(torch_cp.sharded(mesh, buffers, rotation=self.rotation,
+        stack.enter_context(torch_cp.sharded(_mesh(device.type, sharding.world), positions, rotation=self.rotation,
                                              load_balance=sharding.name == "zigzag"))
-        q, k, v = (b.requires_grad_(grad) for b in buffers[:3])
-        dout = buffers[3] if grad else None
+        if not torch.equal(positions, sharding.positions(rank, device)):
+            stack.close()
+            raise RuntimeError(f"PyTorch's context_parallel holds other positions on rank {rank} than "
+                               f"{sharding.name} sharding")
+        grad = case.has_backward
+        q, k, v = (sharding.shard(x.detach(), rank, 2).requires_grad_(grad) for x in (full.q, full.k, full.v))
+        dout = sharding.shard(full.dout, rank, 2) if grad else None
 
         def call():
             out = torch_cp.attention(q, k, v, causal=case.causal, scale=case.scale)

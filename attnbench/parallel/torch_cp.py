@@ -49,9 +49,16 @@ def blocker(sharding: str, causal: bool, documents) -> str:
 
 
 @contextlib.contextmanager
-def sharded(mesh, buffers: list[torch.Tensor], *, rotation: str, load_balance: bool):
-    """Enter context_parallel with this rotation and load balancing: ``buffers`` (BHSD, the whole
-    sequence, on every rank) are sharded in place for the duration; the global options are restored after."""
+def sharded(mesh, positions: torch.Tensor, *, rotation: str, load_balance: bool):
+    """Enter context_parallel with this rotation and load balancing; the global options are restored after.
+
+    ``positions`` (``arange(S)``, every rank) is its one buffer: context_parallel picks its load
+    balancer from the buffer's length and shards it in place, so that afterwards it holds the positions
+    this rank's queries must be (checked against our sharding by the caller). The inputs themselves are
+    sharded by :mod:`attnbench.parallel.sharding`: handing context_parallel the whole q, k, v would
+    leave their full-length storage allocated (it shards buffers with ``resize_``) and inflate every
+    rank's peak memory.
+    """
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
 
@@ -59,8 +66,7 @@ def sharded(mesh, buffers: list[torch.Tensor], *, rotation: str, load_balance: b
     set_rotate_method(rotation)
     _cp_options.enable_load_balance = load_balance
     try:
-        with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * len(buffers),
-                              no_restore_buffers=set(buffers)):
+        with context_parallel(mesh, buffers=[positions], buffer_seq_dims=[0], no_restore_buffers={positions}):
             yield
     finally:
         _cp_options.rotate_method, _cp_options.enable_load_balance = saved

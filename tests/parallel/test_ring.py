@@ -91,3 +91,19 @@ def test_ring_of_one_is_plain_attention_with_and_without_documents():
         for causal in (False, True):
             check_ring(0, 1, sharding_name="contiguous", kernel_name="sdpa-flash", dtype=torch.float32, heads_kv=2,
                        causal=causal, total=24, documents=documents)
+
+
+def torch_cp_layouts(rank, world):
+    from attnbench.parallel.backends import _mesh
+    from attnbench.parallel.torch_cp import sharded
+
+    for name in ("contiguous", "zigzag"):
+        positions = torch.arange(16)
+        with sharded(_mesh("cpu", world), positions, rotation="alltoall", load_balance=name == "zigzag"):
+            assert torch.equal(positions, Sharding(name, world, 16).positions(rank)), (name, positions)
+
+
+def test_pytorch_context_parallel_holds_our_contiguous_and_zigzag_positions(tmp_path):
+    """Entering PyTorch's context_parallel (no attention call: on CPU it has none) shards its position
+    buffer exactly as our contiguous and zigzag shardings do, so its output shards unshard with ours."""
+    run_ranks(2, tmp_path, torch_cp_layouts)
