@@ -10,8 +10,9 @@ from the N=1 row of the same case, documents and backend. Tables (:class:`attnbe
   cp_numerics    errors against fp64 on the gathered sequence, and over the unsharded kernel's
   cp_status      rows per backend and status, with the reasons
 
-Figures: ``cp-scaling.png`` (TFLOP/s per GPU and scaling efficiency against world size) and
-``cp-phases.png`` (computation, exposed and total communication per rank).
+Figures (:data:`FIGURE_NAMES`, each built as a matplotlib figure by :func:`build_figures`, written as
+``<name>.png``): ``cp-scaling`` (TFLOP/s per GPU against world size, scaling efficiency against
+sequence length) and ``cp-phases`` (computation, communication and exposed communication per rank).
 """
 from __future__ import annotations
 
@@ -31,7 +32,14 @@ from attnbench.report.tables import (CASE_DIMS, FLOP_CONVENTION, MEASURED, Table
                                      device_text, fmt, status_table)
 
 TABLE_NAMES = ("cp_tflops", "cp_efficiency", "cp_phases", "cp_memory", "cp_numerics", "cp_status")
-FIGURES = ("cp-scaling.png", "cp-phases.png")
+FIGURE_NAMES = ("cp-scaling", "cp-phases")
+FIGURE_CAPTIONS = {
+    "cp-scaling": "Context-parallel attention: TFLOP/s per GPU against the number of GPUs at the longest sequence "
+                  "every N ran (top) and scaling efficiency, TFLOP/s per GPU over one GPU's, against the sequence "
+                  "length (bottom), per mode and mask, dense sequences",
+    "cp-phases": "Per call, at the largest N and its longest sequence: the slowest rank's computation, its "
+                 "communication and the communication the overlapped call leaves exposed",
+}
 GIB = 2 ** 30
 
 
@@ -205,7 +213,7 @@ def _panels(ok: pd.DataFrame) -> list[tuple[str, bool]]:
     return sorted(set(zip(dense["mode"], dense["causal"].astype(bool))))
 
 
-def scaling_figure(df: pd.DataFrame, path: Path) -> None:
+def scaling_figure(df: pd.DataFrame) -> plt.Figure:
     """Per (mode, mask) of the dense rows: TFLOP/s per GPU against N at the longest sequence every N ran
     (top), and scaling efficiency against S per N (bottom)."""
     ok = _series(_with_baseline_per_sharding(df))
@@ -239,11 +247,10 @@ def scaling_figure(df: pd.DataFrame, path: Path) -> None:
         else:
             _no_data(ax, f"{name} rows with an N=1 baseline", df)
     fig.tight_layout()
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
+    return fig
 
 
-def phases_figure(df: pd.DataFrame, path: Path) -> None:
+def phases_figure(df: pd.DataFrame) -> plt.Figure:
     """Bars per (backend, sharding) at the largest N and its longest sequence (dense rows where there are any):
     computation, communication and exposed communication."""
     ok = _series(df)
@@ -266,14 +273,20 @@ def phases_figure(df: pd.DataFrame, path: Path) -> None:
                title=f"N={n}, S={at['seq_kv'].max()}: computation, communication (serialised) and exposed "
                      "communication")
     fig.tight_layout()
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
+    return fig
+
+
+def build_figures(df: pd.DataFrame) -> list[tuple[str, plt.Figure]]:
+    """(name, figure) of every figure of :data:`FIGURE_NAMES`; each renders with or without rows."""
+    return [("cp-scaling", scaling_figure(df)), ("cp-phases", phases_figure(df))]
 
 
 def write_figures(df: pd.DataFrame, folder: str | Path) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / name for name in FIGURES]
-    scaling_figure(df, paths[0])
-    phases_figure(df, paths[1])
+    paths = []
+    for name, fig in build_figures(df):
+        paths.append(folder / f"{name}.png")
+        fig.savefig(paths[-1], dpi=130, bbox_inches="tight")
+        plt.close(fig)
     return paths

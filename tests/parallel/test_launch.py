@@ -4,7 +4,6 @@ import copy
 import json
 
 import pandas as pd
-import pytest
 
 from attnbench.bench.schema import validate_frame
 from attnbench.cli import main
@@ -31,7 +30,6 @@ def job_file(tmp_path, **settings) -> str:
     return str(path)
 
 
-@pytest.mark.slow
 def test_runner_writes_a_valid_row_per_item(tmp_path):
     out = tmp_path / "n2.parquet"
     assert main(["context-parallel", "--job", job_file(tmp_path), "--out", str(out)]) == 0

@@ -59,4 +59,4 @@ def test_figures_render_with_rows_and_without(tmp_path):
     df = cp.merge([frame(ROWS + [row(2, "zigzag", "ring-sdpa-flash", 1.2, seq=16384, compute_ms_max=1.0,
                                      compute_ms_mean=0.9, comm_ms=0.3, exposed_comm_ms=0.2)])])
     for paths in (cp.write_figures(df, tmp_path / "with"), cp.write_figures(cp.merge([]), tmp_path / "without")):
-        assert [p.name for p in paths] == list(cp.FIGURES) and all(p.stat().st_size > 1000 for p in paths)
+        assert [p.stem for p in paths] == list(cp.FIGURE_NAMES) and all(p.stat().st_size > 1000 for p in paths)

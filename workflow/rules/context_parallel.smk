@@ -5,7 +5,7 @@
 # The jobs run one after another (each waits for the previous world size's file), so that no two share the
 # host's GPU links while they are timed. A GPU host with fewer GPUs than N runs no ranks for that job: its
 # rows are `unavailable` with the reason. Target: `context_parallel_tables`.
-from attnbench.report.context_parallel import FIGURES as CP_FIGURES
+from attnbench.report.context_parallel import FIGURE_NAMES as CP_FIGURES
 from attnbench.report.context_parallel import TABLE_NAMES as CP_TABLE_NAMES
 from attnbench.report.tables import FORMATS as CP_TABLE_FORMATS
 from attnbench.workflow.lease import visible_devices
@@ -14,7 +14,7 @@ CP_WORLDS = [job.payload["world_size"] for job in PLAN.context_parallel]
 CP_HOST_GPUS = len(visible_devices()) if ON_GPU else 0
 CP_TABLES = P.STAGE_TABLES.format(stage="context_parallel")
 CP_FIGURES_DIR = P.STAGE_FIGURES.format(stage="context_parallel")
-CP_OUTPUTS = [P.CP_TABLE, f"{CP_TABLES}/index.json", *[f"{CP_FIGURES_DIR}/{name}" for name in CP_FIGURES]]
+CP_OUTPUTS = [P.CP_TABLE, f"{CP_TABLES}/index.json", *[f"{CP_FIGURES_DIR}/{name}.png" for name in CP_FIGURES]]
 
 
 # each job waits for the previous world size's file; it holds N GPUs where the host has them, else none
@@ -53,7 +53,7 @@ rule context_parallel_tables:
         merged=P.CP_TABLE,
         index=f"{CP_TABLES}/index.json",
         tables=expand(f"{CP_TABLES}/{{name}}.{{ext}}", name=CP_TABLE_NAMES, ext=CP_TABLE_FORMATS),
-        figures=[f"{CP_FIGURES_DIR}/{name}" for name in CP_FIGURES],
+        figures=[f"{CP_FIGURES_DIR}/{name}.png" for name in CP_FIGURES],
     log:
         f"{P.LOGS}/context_parallel/tables.log",
     params:
