@@ -72,37 +72,64 @@ def _cmd_cases(args) -> int:
 def _cmd_microbench(args) -> int:
     from attnbench.bench.ceilings import Ceilings, measure_ceilings
     from attnbench.bench.microbench import RunOptions, run_group
-    from attnbench.bench.results import to_frame, write_atomic
     from attnbench.kernels.registry import get_backend
     from attnbench.plan import RESULTS_STAGES, job_cases, resolve_job
+    from attnbench.workflow.resume import SideFile, side_path
 
     job = resolve_job(job=args.job, config=args.config, stage="microbench", name=args.group, stages=RESULTS_STAGES)
     for name in args.backend or []:
         get_backend(name)  # unknown name: one-line error before any work
     backends = args.backend or job["backends"]
     cases = job_cases(job)
+    ceilings = Ceilings.load(args.ceilings) if args.ceilings else None  # a bad file: one line before any work
+    side = SideFile(args.out, job, backends)  # rows a stopped run of this job finished
+    todo = side.pending(cases, backends)
     device = job["device"]
+    resumed = f"; resuming: {len(side.done)} rows kept from {side_path(args.out)}" if side.done else ""
     print(f"attnbench microbench: {job['stage']} job {job['group']!r} on {device}: {len(cases)} cases x "
-          f"{', '.join(backends)}", file=sys.stderr)
-    ceilings = Ceilings.load(args.ceilings) if args.ceilings else measure_ceilings(device)
-    rows: list[dict] = []
+          f"{', '.join(backends)}{resumed}", file=sys.stderr)
+    if todo and ceilings is None:
+        ceilings = measure_ceilings(device)
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout` and schedulers stop a job with SIGTERM
     try:
-        run_group(cases, backends, RunOptions(**job["options"], ceilings=ceilings), rows=rows)
+        for batch, batch_backends in todo:
+            run_group(batch, batch_backends, RunOptions(**job["options"], ceilings=ceilings), rows=side.rows)
     except KeyboardInterrupt:
-        if rows:
-            write_atomic(to_frame(rows), args.out)
-            print(f"attnbench: interrupted; wrote the {len(rows)} finished rows to {args.out}", file=sys.stderr)
-        else:
-            print(f"attnbench: interrupted before any row finished; {args.out} left as it was", file=sys.stderr)
+        print(f"attnbench: interrupted; {len(side.done) + len(side.rows)} finished rows are in "
+              f"{side_path(args.out)} (the next run measures only the rest); {args.out} not written", file=sys.stderr)
         return 3
-    write_atomic(to_frame(rows), args.out)
-    print(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)
+    df = side.finish()
+    print(f"wrote {len(df)} rows to {args.out}", file=sys.stderr)
     return 0
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (``attnbench <command>: error: ... (see --help)``)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def bounded_int(low: int, high: int):
+    """An argparse type: a whole number from ``low`` to ``high``, else a one-line error saying so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: a whole number from {low} to {high}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+THREADS = bounded_int(1, 1024)  # --threads of every command
 
 
 def add_job_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -119,13 +146,14 @@ COMMAND_MODULES: tuple[str, ...] = (
     "attnbench.train.commands",
     "attnbench.context.commands",
     "attnbench.parallel.commands",
+    "attnbench.compiler.commands",
     "attnbench.report.commands",
     "attnbench.wheelhouse_commands",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.split("\n")[0])
+    parser = Parser(prog="attnbench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("backends", help="list backends and whether each can run here")
@@ -161,15 +189,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, then check what can be checked before any work (the environment variables, outputs that would
+    overwrite inputs), then run the command; every error a user can fix is one line and exit status 2."""
+    from attnbench.workflow.process import die_with_parent
+
+    die_with_parent()  # a job whose Snakemake is killed stops instead of running on as an orphan
     args = build_parser().parse_args(argv)
     from attnbench.bench.results import ResultsError
     from attnbench.case import CaseError
+    from attnbench.envvars import check_environment
     from attnbench.errors import ConfigError
+    from attnbench.files import InputError, refuse_overwrite
     from attnbench.kernels.registry import BackendError
 
     try:
+        check_environment()
+        refuse_overwrite(args)
         return args.func(args)
-    except (ConfigError, CaseError, BackendError, ResultsError) as err:
+    except (ConfigError, CaseError, BackendError, ResultsError, InputError) as err:
         print(f"attnbench: error: {err}", file=sys.stderr)
         return 2
 

@@ -10,8 +10,9 @@ the last silently).
 
 ``extends: <file>`` (a path relative to the file that says it) derives a sweep from another: the
 base is loaded first (it may extend another, up to :data:`MAX_EXTENDS_DEPTH` files, no cycles),
-then this file is deep-merged over it: mappings merge key by key, lists and scalars replace. The
-chain, base first, is recorded in the effective config as ``sources``. A file without ``extends:``
+then this file is deep-merged over it: mappings merge key by key, lists and scalars replace, and a key
+set to null is removed (``groups: {prefill: null}`` drops the base's group). The chain, base first, is
+recorded in the effective config as ``sources``. A file without ``extends:``
 is a complete config.
 
 Validation (:func:`validate_config`): the top-level schema (``schemas/config.schema.yaml``) and one
@@ -23,13 +24,16 @@ checks a config the same way without Snakemake). The planner then checks what a 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from importlib.resources import files
 from pathlib import Path
 
 import jsonschema
+import referencing
 import torch
 import yaml
+from referencing.jsonschema import DRAFT202012
 
 from attnbench.errors import ConfigError
 
@@ -38,6 +42,7 @@ SECTIONS = ("stability", "hbm", "pretrain", "context", "triton", "context_parall
 MAX_CONFIG_BYTES = 1 << 20
 MAX_EXTENDS_DEPTH = 8
 DEFAULT_CONFIG = Path("config") / "config.yaml"
+NAME_PATTERN_TEXT = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # every name that becomes a path or a word (plan.NAME_PATTERN)
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -98,10 +103,13 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def deep_merge(base: dict, over: dict) -> dict:
-    """``over`` on top of ``base``: mappings merge key by key; lists and scalars replace. Neither is changed."""
+    """``over`` on top of ``base``: mappings merge key by key; lists and scalars replace; a key that ``over``
+    sets to null is removed (the schema's default applies again). Neither argument is changed."""
     out = copy.deepcopy(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
@@ -145,6 +153,33 @@ def load_files(paths: list[str | Path], overrides: dict | None = None) -> dict:
     return merged
 
 
+def command_line_overrides(values: dict) -> dict:
+    """``snakemake --config key=value`` values, typed as YAML types them.
+
+    Snakemake types a plain value itself (int, float, bool, string) but reads a structured one
+    (``timing='{rep_ms: 7}'``, ``stages=[microbench]``) with YAML's BaseLoader, which leaves every
+    scalar a string; the leaves of those are read again with the safe loader (``'7'`` -> 7).
+    """
+    def typed(value, nested: bool):
+        if isinstance(value, dict):
+            return {k: typed(v, True) for k, v in value.items()}
+        if isinstance(value, list):
+            return [typed(v, True) for v in value]
+        if nested and isinstance(value, str):
+            loader = _StrictLoader(value)
+            loader.name = "--config"
+            try:
+                parsed = loader.get_single_data()
+            except yaml.YAMLError:
+                return value
+            finally:
+                loader.dispose()
+            return parsed if not isinstance(parsed, (dict, list)) else value
+        return value
+
+    return {key: typed(value, False) for key, value in values.items()}
+
+
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:
     """Read, resolve ``extends:``, and validate one config file: the validated, default-filled config."""
     return validate_config(load_files([path], overrides))
@@ -157,6 +192,15 @@ def load_schema(section: str | None = None) -> dict:
     return yaml.safe_load((SCHEMA_DIR / f"{section or 'config'}.schema.yaml").read_text())
 
 
+@functools.cache
+def _registry() -> referencing.Registry:
+    """Every schema under its file name, so that a section can ``$ref`` another's keys
+    (``context.capability.model`` is ``pretrain.schema.yaml#/properties/model``)."""
+    return referencing.Registry().with_resources(
+        (f"{name}.schema.yaml", referencing.Resource.from_contents(load_schema(name), DRAFT202012))
+        for name in ("config", *SECTIONS))
+
+
 def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     """One line naming the key: ``root`` (the validated value's own key, if any) joined to the error's path."""
     where = ".".join(str(p) for p in [*([root] if root else []), *err.absolute_path]) or "config"
@@ -167,7 +211,8 @@ def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     if err.validator == "enum":
         return f"{where}={err.instance!r} is not allowed; allowed: {', '.join(map(str, err.validator_value))}"
     if err.validator == "pattern":
-        return f"{where}={err.instance!r} is not allowed; allowed: a name matching {err.validator_value}"
+        noun = "name" if err.validator_value == NAME_PATTERN_TEXT else "value"
+        return f"{where}={err.instance!r} is not allowed; allowed: a {noun} matching {err.validator_value}"
     if err.validator == "propertyNames":
         return f"{where}: a name in this mapping is not allowed ({err.message}); allowed: names matching the pattern"
     message = " ".join(err.message.split())
@@ -193,7 +238,7 @@ def validate_section(value, schema: dict, where: str) -> dict:
     for the whole config); the ConfigError names the offending key below it, e.g. ``hbm.ledger.batch: ...``.
     """
     _finite(value, where)
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value),
+    errors = sorted(jsonschema.Draft202012Validator(schema, registry=_registry()).iter_errors(value),
                     key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
     if errors:
         raise ConfigError(_schema_message(errors[0], where))

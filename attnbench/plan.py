@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench.case import Case, CaseError
-from attnbench.config import deep_merge, load_schema, resolve_device, validate_section
+from attnbench.config import NAME_PATTERN_TEXT, deep_merge, load_schema, resolve_device, validate_section
 from attnbench.errors import ConfigError
 from attnbench.kernels.registry import backend_names
 from attnbench.workloads.grid import GridError, expand_group
 
 DEVICES = ("cpu", "cuda")
 STAGES = ("microbench", "stability", "hbm", "pretrain", "context", "triton", "context_parallel")  # data-flow order
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_PATTERN = re.compile(NAME_PATTERN_TEXT)  # sweep, group, backend, experiment, run and variant names
 
 
 @dataclass(frozen=True)
@@ -142,13 +142,17 @@ def device_view(config: dict, device: str) -> dict:
     return view
 
 
+DEFAULT_REPEATS = {"cpu": 3, "cuda": 5}  # timing.repeats: null
+
+
 def run_options(view: dict, **overrides) -> dict:
     """The one place a timed job's options come from (``attnbench.bench.microbench.RunOptions`` fields)."""
     timing = view["timing"]
     options = {"sweep": view["sweep"], "device": view["device"], "numerics": view["numerics"],
                "max_err_ratio": view["max_err_ratio"], "seed": view["seed"], "warmup_ms": timing["warmup_ms"],
                "rep_ms": timing["rep_ms"], "cpu_min_run_time_s": timing["cpu_min_run_time_s"],
-               "min_reps": timing["min_reps"]}
+               "min_reps": timing["min_reps"], "repeats": timing["repeats"] or DEFAULT_REPEATS[view["device"]],
+               **{k: timing[k] for k in ("discard_throttled", "cooldown_ms", "energy_ms", "telemetry_ms")}}
     options.update(overrides)
     return options
 
@@ -187,7 +191,7 @@ class Plan:
     def group(self, stage: str, name: str) -> Group:
         """The one group lookup: a one-line error with the allowed names for an unknown group."""
         groups = {"microbench": self.microbench, "microbench-rule": self.microbench, "stability": self.stability,
-                  "hbm": self.hbm, "context-cost": self.context_cost, "triton": self.triton}[stage]
+                  "hbm": self.hbm, "context-cost": self.context_cost}[stage]
         if name not in groups:
             raise ConfigError(f"group={name!r} is not a {stage} group of sweep {self.sweep!r} on {self.device}; "
                               f"allowed: {', '.join(groups) or 'none'}")
@@ -199,14 +203,17 @@ class Plan:
         """A job that writes results rows: ``group``'s cases on ``backends`` (default: the group's).
 
         ``stage`` is the job's stage (``microbench``, ``microbench-rule``, ``stability``, ``hbm``,
-        ``context-cost``, ``triton``); the groups of the last three come from their own sections.
+        ``context-cost``); the groups of the last two come from their own sections.
         ``extra`` adds stage settings to the payload (``hbm``: the Nsight Compute settings).
         """
         found = self.group(stage, group)
-        numerics = {"hbm": False, "context-cost": False}.get(stage, self.view["numerics"])
+        # only timing is examined by these stages: no fp64 reference
+        numerics = {"hbm": False, "context-cost": False, "stability": False}.get(stage, self.view["numerics"])
+        limit = self.view["job_time_limit_s"]  # read by attnbench guard; left out when unset (job files unchanged)
         payload = {"stage": stage, "sweep": self.sweep, "device": self.device, "group": group,
                    "backends": list(backends or found.backends), "cases": [c.fields() for c in found.cases],
-                   "options": run_options(self.view, group=group, numerics=numerics), **extra}
+                   "options": run_options(self.view, group=group, numerics=numerics),
+                   **({"time_limit_s": limit} if limit else {}), **extra}
         return Job(stage, name or group, payload)
 
     def hbm_parts(self) -> list[tuple[str, list[str]]]:
@@ -250,9 +257,33 @@ class Plan:
                 "stage": "pretrain", "sweep": self.sweep, "device": self.device, "experiment": experiment,
                 "runs": [spec.to_dict() for spec in runs], "time_limit_s": pre["time_limit_s"],
                 "compile_fallback": pre["compile_fallback"], "threads": pre["threads"]}))
-        out += [self.results_job("triton", g) for g in self.triton]
+        out += self.triton_jobs()
         out += self.context_parallel
         return out
+
+    def triton_precompile_groups(self) -> list[str]:
+        """Microbench groups that time our Triton kernels on a GPU: their jobs wait for the precompilation."""
+        from attnbench.compiler.report import TRITON_BACKENDS
+
+        if self.device != "cuda":
+            return []
+        return [g.name for g in self.microbench.values() if set(g.backends) & set(TRITON_BACKENDS)]
+
+    def triton_jobs(self) -> list[Job]:
+        """``precompile/triton``: every config the timed triton cases need, compiled in parallel first (GPU
+        only); ``triton/compiler``: the compiler report on the triton stage's groups."""
+        jobs = []
+        # the precompilation serves the microbench stage (plan/precompile/triton.json), the report the triton stage
+        for stage, name, groups in (("precompile", "triton", [self.microbench[g] for g in self.triton_precompile_groups()]),
+                                    ("triton", "compiler", list(self.triton.values()))):
+            if groups:
+                cases = list(dict.fromkeys(c for g in groups for c in g.cases))
+                backends = list(dict.fromkeys(b for g in groups for b in g.backends))
+                kind = "precompile" if stage == "precompile" else name
+                jobs.append(Job(stage, name, {"stage": f"triton-{kind}", "sweep": self.sweep, "device": self.device,
+                                              "seed": self.view["seed"], "cases": [c.fields() for c in cases],
+                                              "backends": backends}))
+        return jobs
 
     def job(self, stage: str, name: str) -> Job:
         """One planned job by stage and name (command-line use); one-line error naming the planned ones."""
@@ -271,15 +302,34 @@ class Plan:
         write_if_changed(Path(plan_dir) / "config.json", json.dumps(self.config, indent=1, sort_keys=True))
         return paths
 
-    def summary(self) -> str:
+    def summary(self, benchmarks: str | Path | None = None) -> str:
+        """The start line: the grid and why, the planned jobs per stage, and, when earlier runs of this
+        sweep left Snakemake benchmark files (``benchmarks/<stage>/<name>.tsv``), the time they took."""
+        jobs = self.jobs()
         counts = {}
-        for job in self.jobs():
+        for job in jobs:
             counts[job.stage] = counts.get(job.stage, 0) + 1
         cases = sum(len(g.cases) for g in self.microbench.values())
         stages = ", ".join(f"{stage} {n}" for stage, n in counts.items()) or "none"
-        return (f"attnbench: sweep {self.sweep!r} runs the {self.device} grid ({self.why}); stages "
+        line = (f"attnbench: sweep {self.sweep!r} runs the {self.device} grid ({self.why}); stages "
                 f"{', '.join(self.stages) or 'none'}; {cases} microbench cases in {len(self.microbench)} groups; "
                 f"jobs per stage: {stages}")
+        if benchmarks is not None:
+            seconds = [s for s in (earlier_seconds(Path(benchmarks) / job.stage / f"{job.name}.tsv") for job in jobs)
+                       if s is not None]
+            if seconds:
+                line += (f"; {len(seconds)} of {len(jobs)} jobs took {sum(seconds) / 60:.1f} min together when this "
+                         "sweep last ran them")
+        return line
+
+
+def earlier_seconds(benchmark: Path) -> float | None:
+    """Wall seconds of a job's last run from its Snakemake ``benchmark:`` file (column ``s``), if it has one."""
+    try:
+        header, *rows = benchmark.read_text().splitlines()
+        return float(rows[-1].split("\t")[header.split("\t").index("s")])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 HBM_JOB_KEYS = ("ncu", "read_metric", "write_metric", "extra_metrics", "clock_control", "cache_control",
@@ -309,8 +359,8 @@ def _plan_device(config: dict, device: str, why: str, rule_backend_files: list[s
     rule_backends = _rule_backends(view["microbench"], groups, f"microbench.{device}.rule_backends",
                                    rule_backend_files)
     _unique_pairs(groups, rule_backends, f"microbench.{device}.groups")
-    stability = _named_groups(view["stability"]["groups"], groups, "stability.groups", device)
-    triton = _named_groups(view["triton"]["groups"], groups, "triton.groups", device)
+    stability = _named_groups(view["stability"]["groups"], groups)
+    triton = _named_groups(view["triton"]["groups"], groups)
     hbm = grid_groups(view["hbm"], "hbm", max_cases)
     cost = grid_groups(view["context"]["cost"], f"context.cost.{device}", max_cases)
     capability = check_capability(view["context"]["capability"], "context.capability")
@@ -349,20 +399,52 @@ def _rule_backends(section: dict, groups: dict[str, Group], where: str,
             if group not in groups:
                 raise ConfigError(f"{where}.{name}: group={group!r} is not in this plan's groups; "
                                   f"allowed: {', '.join(groups)}")
+            if not all(case.dense for case in groups[group].cases):
+                raise ConfigError(f"{where}.{name}: group {group!r} has ragged or variant cases; allowed: dense "
+                                  "groups (a rule backend reads the cases TSV, which has no per-sequence lengths)")
     return rule_backends
 
 
-def _named_groups(names: list[str], groups: dict[str, Group], where: str, device: str) -> dict[str, Group]:
-    """Microbench groups a later stage runs again (stability) or reports on (triton), by name."""
-    for name in names:
-        if name not in groups:
-            raise ConfigError(f"{where}: {name!r} is not in microbench.{device}.groups; allowed: {', '.join(groups)}")
-    return {name: groups[name] for name in names}
+def _named_groups(names: list[str], groups: dict[str, Group]) -> dict[str, Group]:
+    """Microbench groups a later stage runs again (stability) or reports on (triton), by name: those of this
+    device's grid (:func:`check_config` checks that each name is in some device's grid)."""
+    return {name: groups[name] for name in names if name in groups}
+
+
+def check_baseline(value) -> str | None:
+    """``baseline``: a relative path under results/ (a committed reference, or another sweep's folder)."""
+    if value is None:
+        return None
+    parts = Path(value).parts
+    if Path(value).is_absolute() or not parts or parts[0] != "results" or ".." in parts:
+        raise ConfigError(f"baseline={value!r} is not allowed; allowed: a relative path under results/ without '..' "
+                          "(e.g. results/reference/cpu/cpu-a/microbench.parquet)")
+    return value
+
+
+def baseline_input(config: dict):
+    """The compare rule's baseline input: the configured path, or (without one) an input function that
+    stops that rule alone with a one-line error, so a sweep without a baseline runs every other target."""
+    if config.get("baseline"):
+        return config["baseline"]
+
+    def missing(wildcards):
+        raise ConfigError("compare: no baseline; set one with --config baseline=<results file or sweep folder "
+                          "under results/> (e.g. results/reference/cpu/cpu-a/microbench.parquet)")
+    return missing
 
 
 def check_config(config: dict, rule_backend_files: list[str] | None = None) -> dict[str, Plan]:
     """Plan every device, so that a CPU host checks the ``cuda`` blocks too; one-line ConfigError on any problem."""
-    return {device: _plan_device(config, device, f"planned for {device}", rule_backend_files) for device in DEVICES}
+    check_baseline(config.get("baseline"))
+    plans = {device: _plan_device(config, device, f"planned for {device}", rule_backend_files) for device in DEVICES}
+    for section in ("stability", "triton"):
+        known = {g for device in DEVICES for g in config["microbench"][device]["groups"]}
+        for name in config[section]["groups"]:
+            if name not in known:
+                raise ConfigError(f"{section}.groups: {name!r} is not a group of microbench.cpu or microbench.cuda; "
+                                  f"allowed: {', '.join(sorted(known))}")
+    return plans
 
 
 def build_plan(config: dict, device: str | None = None, rule_backend_files: list[str] | None = None) -> Plan:
@@ -375,7 +457,20 @@ def build_plan(config: dict, device: str | None = None, rule_backend_files: list
         why = f"planned for {device}"
     plan = plans[device]
     plan.why = why
+    check_data_files(plan)
     return plan
+
+
+def check_data_files(plan: Plan) -> None:
+    """The files this host's jobs will read, checked now: every planned run's training text and the context
+    experiment's. Only the device that runs: a GPU sweep's data paths are the GPU host's, not the laptop's."""
+    from attnbench.train.data import DataConfig, check_source
+
+    merged = " (with its cuda block merged)" if plan.device == "cuda" else ""
+    for data in {spec.data for runs in plan.pretrain.values() for spec in runs}:
+        check_source(data, f"pretrain.data{merged}")
+    if plan.capability is not None:
+        check_source(DataConfig.from_dict(plan.capability["data"]), f"context.capability.data{merged}")
 
 
 def load_plan(config_path: str | Path, device: str | None = None) -> Plan:
@@ -407,7 +502,7 @@ def job_cases(payload: dict) -> list[Case]:
         raise ConfigError(f"job {payload.get('stage')}/{payload.get('group')}: a case is not valid ({err})") from None
 
 
-RESULTS_STAGES = ("microbench", "microbench-rule", "stability", "hbm", "context-cost", "triton")
+RESULTS_STAGES = ("microbench", "microbench-rule", "stability", "hbm", "context-cost")
 
 
 def resolve_job(*, job: str | None, config: str | None, stage: str, name: str | None,

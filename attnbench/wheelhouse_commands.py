@@ -25,6 +25,7 @@ def _cmd_wheelhouse(args) -> int:
 
 
 def add_commands(subparsers) -> None:
+    from attnbench.cli import bounded_int
     from attnbench.wheelhouse import SETS
 
     p = subparsers.add_parser("wheelhouse", help="download optional backends' wheels for an offline GPU host")
@@ -34,7 +35,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--python", default="3.12", help="the host's Python MAJOR.MINOR (default 3.12)")
     p.add_argument("--glibc", default="2.28", help="the host's glibc MAJOR.MINOR: newest manylinux tag accepted (default 2.28)")
     p.add_argument("--machine", default="x86_64", choices=["x86_64", "aarch64"])
-    p.add_argument("--cuda", type=int, default=13, help="the host's CUDA major version: picks -cuNN wheel flavours (default 13)")
+    p.add_argument("--cuda", type=bounded_int(11, 99), default=13,
+                   help="the host's CUDA major version: picks -cuNN wheel flavours (default 13)")
     p.add_argument("--have", help="file of package names the host already has (one a line); they are not downloaded")
     p.add_argument("--no-pip-config", action="store_true",
                    help="ignore pip config files (their constraints or indexes can break resolution for another platform)")

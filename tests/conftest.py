@@ -10,12 +10,17 @@ selects (the ``triton`` backends are available in every test, and subprocesses i
 value already in the environment is kept; tests/test_triton.py checks that interpretation took
 effect. ``import torch`` does not import Triton.
 
+The timing locks (``attnbench lease``, ``$ATTNBENCH_LOCK_DIR``) of the whole session, Snakemake runs
+included, live in a folder of their own: a test never waits for, or blocks, a real sweep on the same
+host, and no lease set by a caller's environment leaks into the tests.
+
 Every test starts from the same random state (``ATTNBENCH_TEST_SEED``, default 0), so a tolerance
 that a rare draw would break fails the same way on every run, not once in a while in CI; running
 the suite under a few other seeds is how such a tolerance is found.
 """
 import os
 import random
+import tempfile
 
 import numpy as np
 
@@ -24,6 +29,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+os.environ["ATTNBENCH_LOCK_DIR"] = tempfile.mkdtemp(prefix="attnbench-test-locks-")
+os.environ.pop("ATTNBENCH_LEASE", None)
 
 
 @pytest.fixture(autouse=True)

@@ -56,6 +56,18 @@ def test_plan_lists_jobs_and_says_why_this_grid():
     assert "jobs per stage: microbench 2, microbench-rule 1" in plan.summary()
 
 
+def test_timed_jobs_get_the_rounds_and_telemetry_options_of_their_device():
+    options = _plan(CONFIG).job("microbench", "g").payload["options"]
+    assert options["repeats"] == planner.DEFAULT_REPEATS["cpu"] == 3
+    assert (options["discard_throttled"], options["cooldown_ms"], options["energy_ms"]) == (False, 0, 500)
+    cuda = planner.run_options(planner.device_view(configs.validate_config(CONFIG), "cuda"))
+    assert cuda["repeats"] == 5 and cuda["telemetry_ms"] == 20
+    assert _plan(_with("timing.repeats", 7)).job("microbench", "g").payload["options"]["repeats"] == 7
+    stability = _plan(_with("stability", {"groups": ["g"], "processes": 2}, _with("stages", ["stability"])))
+    passes = [j for j in stability.jobs() if j.stage == "stability"]
+    assert [j.name for j in passes] == ["g/1", "g/2"] and passes[0].payload["options"]["numerics"] is False
+
+
 def test_a_stage_the_sweep_does_not_run_plans_no_jobs_but_is_still_checked():
     plan = _plan(_with("stages", ["pretrain"]))
     assert {j.stage for j in plan.jobs()} == {"pretrain"}
@@ -78,7 +90,7 @@ def test_a_stage_the_sweep_does_not_run_plans_no_jobs_but_is_still_checked():
     ("microbench.cpu.rule_backends", {"c-naive": ["nope"]}, "group='nope' is not in this plan's groups"),
     ("microbench.cpu.rule_backends", {"eager": ["g"]}, "'eager' is a Python adapter's name"),
     ("microbench.cpu.groups.flexonly.backends", ["eager"], "runs on eager in both 'g' and 'flexonly'"),
-    ("stability.groups", ["nope"], "stability.groups: 'nope' is not in microbench.cpu.groups"),
+    ("stability.groups", ["nope"], "stability.groups: 'nope' is not a group of microbench.cpu or microbench.cuda"),
     ("pretrain.model.backend", "fa9", "names backend='fa9', which is not known; allowed: auto, eager"),
     ("pretrain.cuda.model.backend", "fa9", "backend='fa9', which is not known"),
     ("pretrain.cuda.train.steps", 0, "pretrain.cuda.train.steps: 0 is less than the minimum of 1"),
@@ -91,6 +103,11 @@ def test_a_stage_the_sweep_does_not_run_plans_no_jobs_but_is_still_checked():
     ("sweep", "../escape", "sweep='../escape' is not allowed; allowed: a name matching"),
     ("max_err_ratio", float("nan"), "max_err_ratio=nan is not allowed; allowed: a finite number"),
     ("seed", 2 ** 70, "seed"),
+    ("timing.repeats", 0, "timing.repeats: 0 is less than the minimum of 1"),
+    ("timing.cooldown_ms", -1, "timing.cooldown_ms: -1 is less than the minimum of 0"),
+    ("report.min_margin", "3%", "report.min_margin: '3%' is not of type 'number'"),
+    ("baseline", "/etc/passwd", "baseline='/etc/passwd' is not allowed; allowed: a relative path under results/"),
+    ("baseline", "results/../../x", "baseline='results/../../x' is not allowed"),
 ])
 def test_bad_configs_are_one_line_errors(path, value, message):
     with pytest.raises(ConfigError) as err:
@@ -199,3 +216,37 @@ def test_committed_results_schema_is_the_generated_one():
     assert (REPO / "workflow" / "schemas" / "results.schema.yaml").read_text() == results_schema_text()
     link = REPO / "workflow" / "schemas" / "config.schema.yaml"
     assert link.is_symlink() and link.resolve() == (REPO / "attnbench" / "schemas" / "config.schema.yaml").resolve()
+
+
+def test_the_start_line_gives_jobs_per_stage_and_the_time_earlier_runs_took(tmp_path):
+    plan = _plan(CONFIG)
+    assert "earlier" not in plan.summary(tmp_path) and "took" not in plan.summary(tmp_path)
+    (tmp_path / "microbench").mkdir()
+    (tmp_path / "microbench" / "g.tsv").write_text("s\th:m:s\tmax_rss\n90.0\t0:01:30\t1\n")
+    assert plan.summary(tmp_path).endswith("; 1 of 3 jobs took 1.5 min together when this sweep last ran them")
+
+
+def test_config_readme_documents_every_key():
+    from attnbench.workloads.grid import GRID_KEYS
+
+    readme = (REPO / "config" / "README.md").read_text()
+    top = configs.load_schema()
+    keys = [f"`{k}`" for k in top["properties"] if k != "timing"] + ["`extends`"]
+    keys += [f"`timing.{k}`" for k in top["properties"]["timing"]["properties"]]
+    keys += [f"`{k}`" for k in top["$defs"]["plan"]["properties"]] + [f"`{k}`" for k in GRID_KEYS]
+    for section in ("report", "stability", "triton"):
+        schema = configs.load_schema(section)
+        for key, sub in schema["properties"].items():
+            inner = sub.get("properties")
+            keys += [f"`{section}.{key}.{k}`" for k in inner] if inner else [f"`{section}.{key}`"]
+    keys += [f"`pretrain.{k}`" for k in ("cuda", "time_limit_s", "compile_fallback")]
+    keys += [f"`pretrain.select.{k}`" for k in configs.load_schema("pretrain")["properties"]["select"]["properties"]]
+    missing = [k for k in keys if k not in readme]
+    assert not missing, f"config/README.md does not document {missing}"
+
+
+def test_structured_command_line_overrides_are_typed_as_yaml_types_them():
+    # what Snakemake hands over for --config seed=3 'stages=[microbench]' 'timing={rep_ms: 7, warmup_ms: 2.5}'
+    raw = {"seed": 3, "stages": ["microbench"], "timing": {"rep_ms": "7", "warmup_ms": "2.5"}, "sweep": "x"}
+    assert configs.command_line_overrides(raw) == {"seed": 3, "stages": ["microbench"], "sweep": "x",
+                                                   "timing": {"rep_ms": 7, "warmup_ms": 2.5}}

@@ -12,7 +12,8 @@ Sizes are large enough to leave caches and launch overhead behind on a GPU
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -52,7 +53,25 @@ class Ceilings:
 
     @staticmethod
     def load(path: str | Path) -> "Ceilings":
-        return Ceilings(**json.loads(Path(path).read_text()))
+        """A file :meth:`save` wrote; one line naming the file for anything else (missing, empty, corrupt, foreign)."""
+        from attnbench.files import InputError, read_json
+
+        data = read_json(path, "ceilings file (attnbench ceilings)")
+        names = {f.name for f in fields(Ceilings)}
+        if not isinstance(data, dict) or not {"device", "device_name", "copy_bytes_per_s"} <= set(data) \
+                or set(data) - names:
+            found = ", ".join(sorted(map(str, data))) if isinstance(data, dict) else type(data).__name__
+            raise InputError(f"{path}: not a ceilings file (found {found[:120]}); allowed: the JSON `attnbench "
+                             f"ceilings` writes, with keys {', '.join(sorted(names))}")
+        matmul = data.get("matmul_flops_per_s", {})
+        if not isinstance(matmul, dict):
+            raise InputError(f"{path}: matmul_flops_per_s={matmul!r} is not allowed; allowed: dtype -> FLOP/s")
+        rates = {"copy_bytes_per_s": data["copy_bytes_per_s"],
+                 **{f"matmul_flops_per_s.{dtype}": rate for dtype, rate in matmul.items()}}
+        for key, value in rates.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise InputError(f"{path}: {key}={value!r} is not allowed; allowed: a positive finite rate")
+        return Ceilings(**data)
 
 
 def measure_copy(device: str) -> float:

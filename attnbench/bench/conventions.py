@@ -1,14 +1,21 @@
 """The counting conventions every report cites: FLOPs, bytes, intensity, bound.
 
-FLOPs (exact matmul count, the convention of flash-attention's
-``hopper/benchmark_attn.py`` and ``flash_attn/cute/bench_utils.py``, and of
-FlashInfer's ``testing/utils.py::attention_flops``)::
+FLOPs (an exact matmul count: QK^T and PV, one multiply-add = 2 FLOPs; flash-attention's
+``hopper/benchmark_attn.py`` and FlashInfer's ``testing/utils.py::attention_flops`` use the same
+formula with a rounded causal count)::
 
     fwd      = 2 * B * Hq * Sq * avg_kv * (D_qk + D_v)
-    avg_kv   = Skv                              (no mask)
-             = (max(0, Skv - Sq) + Skv) / 2     (causal, bottom-right aligned)
+    avg_kv   = Skv                        (no mask)
+             = Skv - Sq/2 + 1/2           (causal, bottom-right aligned; a causal case has Sq <= Skv)
     bwd      = 2.5 * fwd      ("2 for bwd, 0.5 for recompute")
     fwd_bwd  = 3.5 * fwd
+
+Causal, bottom-right aligned: query row i (0-based) sees the keys j <= i + Skv - Sq, that is
+Skv - Sq + i + 1 keys, the diagonal included; summed over the rows, Sq (Skv - Sq) + Sq (Sq + 1) / 2
+(:func:`causal_keys`). flash-attention's benchmarks count
+``avg_kv = (max(0, Skv - Sq) + Skv) / 2``, half a key per row less (the diagonal counted as half):
+for a square causal case the exact count is larger by a factor (S + 1) / S, 0.1% at S = 1024 and
+0.02% at 4096, so TFLOP/s here are that much higher than flash-attention's for the same time.
 
 Query heads count; K/V heads do not (GQA/MQA save bytes, not FLOPs). Softmax
 exponentials are not counted. Decode and MLA use the same formula with their dims.
@@ -42,11 +49,16 @@ BACKWARD_FLOP_FACTOR = 2.5
 LATENCY_FRACTION = 0.2  # under 20% of both ceilings: latency-bound (DESIGN.md)
 
 
+def causal_keys(seq_q: int, seq_kv: int) -> int:
+    """Query-key pairs a bottom-right aligned causal mask keeps (Sq <= Skv): the sum over rows i of Skv - Sq + i + 1."""
+    return seq_q * (seq_kv - seq_q) + seq_q * (seq_q + 1) // 2
+
+
 def avg_kv(case: Case) -> float:
-    """Mean number of keys a query attends to; causal is bottom-right aligned."""
+    """Mean number of keys a query attends to (the diagonal counted exactly); causal is bottom-right aligned."""
     if not case.causal:
         return float(case.seq_kv)
-    return (max(0, case.seq_kv - case.seq_q) + case.seq_kv) / 2
+    return causal_keys(case.seq_q, case.seq_kv) / case.seq_q
 
 
 def forward_flops(case: Case) -> float:
@@ -131,37 +143,54 @@ def page_table_bytes(case: Case) -> float:
     return float(PAGE_INDEX_BYTES * ((case.batch + 1) + case.batch * pages + case.batch))
 
 
-def score_passes(case: Case, family: str) -> list[str]:
+def softmax_upcasts(case: Case, device: str) -> bool:
+    """Whether eager's ``softmax(scores, dtype=float32)`` first copies the scores to fp32.
+
+    ATen's ``softmax`` (``aten/src/ATen/native/SoftMax.cpp``) runs a fused half-to-float kernel only
+    for fp16 input on CUDA; any other input is converted with ``toType(float)`` first: a read of
+    the scores in their dtype and a write in fp32 (bf16 on every device, fp16 on CPU).
+    """
+    return case.dtype != "fp32" and not (case.dtype == "fp16" and device == "cuda")
+
+
+def score_passes(case: Case, family: str, device: str = "cuda") -> list[str]:
     """The passes over the Sq x Skv score matrix an unfused backend makes, as element dtypes.
 
-    ``eager`` (``attnbench.kernels.eager``, the Hugging Face eager recipe): S =
-    QK^T written and read by softmax; a causal mask is one more read and write of
-    S; softmax writes fp32 probabilities, cast back to the input dtype (one fp32
-    read and one write, skipped in fp32) and read by PV. Backward: dP written;
-    the cast's backward (read, fp32 write); softmax backward reads P and dP and
-    writes dS; the mask's backward (read, write); dS read by the dQ and dK
-    matmuls; P read by the dV matmul.
+    ``eager`` (``attnbench.kernels.eager``, the Hugging Face eager recipe), forward: S = QK^T
+    written; a causal mask reads and writes S; the fp32 upcast of S where ATen makes one
+    (:func:`softmax_upcasts`: read S, write fp32); softmax reads its input and writes fp32
+    probabilities; they are cast back to the input dtype (an fp32 read and a write, skipped in
+    fp32) and read by PV. Backward: dP written; the cast's backward (read, fp32 write); softmax
+    backward reads P and dP and writes dS (in fp32 after an upcast, then the upcast's backward reads
+    it and writes the input dtype); the mask's backward (read, write); dS read by the dQ and dK
+    matmuls; P read by the dV matmul. With the upcast pass, the model matches Nsight Compute's
+    DRAM bytes of eager's bf16 forward on the H200 (B4 H16 D128, S 1k-16k) to 0.1% without a mask
+    and within 3% with the causal mask (docs/hbm.md); without it, eager moved 1.36-1.50x its model.
 
-    ``math`` (SDPA's math path, which upcasts fp16/bf16 to fp32 first): the same
-    passes with every score-sized tensor in fp32 and no cast.
+    ``math`` (SDPA's math path, which upcasts fp16/bf16 to fp32 first): the same passes with every
+    score-sized tensor in fp32 and no cast.
     """
     dt = case.dtype if family == "eager" else "fp32"
     cast = dt != "fp32"
+    upcast = family == "eager" and softmax_upcasts(case, device)
     mask = ["fp32" if family == "math" else dt] * 2 if case.causal else []
-    fwd = [dt, dt] + mask + ["fp32"] + (["fp32", dt] if cast else []) + [dt]
+    softmax_in = "fp32" if upcast else dt
+    fwd = [dt] + mask + ([dt, "fp32"] if upcast else []) + [softmax_in, "fp32"] + (["fp32", dt] if cast else []) + [dt]
     if not case.has_backward:
         return fwd
-    bwd = [dt] + ([dt, "fp32"] if cast else []) + ["fp32", "fp32" if cast else dt, dt] + mask + [dt, dt, dt]
+    ds = "fp32" if upcast else dt
+    bwd = ([dt] + ([dt, "fp32"] if cast else []) + ["fp32", "fp32" if cast else dt, ds]
+           + (["fp32", dt] if upcast else []) + mask + [dt, dt, dt])
     return fwd + bwd
 
 
-def score_bytes(case: Case, family: str) -> float:
+def score_bytes(case: Case, family: str, device: str = "cuda") -> float:
     """HBM bytes spent on the score matrix: B·Hq·Sq·Skv elements per pass of :func:`score_passes`."""
     elements = case.batch * case.heads_q * case.seq_q * case.seq_kv
-    return elements * sum(ELEMENT_BYTES[d] for d in score_passes(case, family))
+    return elements * sum(ELEMENT_BYTES[d] for d in score_passes(case, family, device))
 
 
-def bytes_model(case: Case, family: str, fp8_inputs: tuple[str, ...] = ()) -> float:
+def bytes_model(case: Case, family: str, fp8_inputs: tuple[str, ...] = (), device: str = "cuda") -> float:
     """Bytes the backend's algorithm moves. Families: fused, eager, math.
 
     ``fp8_inputs`` (the backend's ``fp8_inputs``) names the inputs among q, k, v
@@ -172,6 +201,7 @@ def bytes_model(case: Case, family: str, fp8_inputs: tuple[str, ...] = ()) -> fl
     is written at its own size whatever the inputs; the per-tensor or per-block
     descales are left out with the other small terms. Every fp8 backend here is
     forward or decode only; a backward would be counted at the case dtype.
+    ``device`` matters for eager only (:func:`softmax_upcasts`).
 
     Terms of order B·H·S·D beyond ``bytes_min`` (scaling Q, math's fp32 copies of
     the inputs, GQA head repeats) are left out: the score matrix dominates them
@@ -183,7 +213,7 @@ def bytes_model(case: Case, family: str, fp8_inputs: tuple[str, ...] = ()) -> fl
     if family == "fused":
         extra = 0 if case.has_backward else _tensor_bytes(case)["lse"]
     elif family in ("eager", "math"):
-        extra = score_bytes(case, family)
+        extra = score_bytes(case, family, device)
     else:
         raise ValueError(f"family={family!r} is not allowed; allowed: fused, eager, math")
     return bytes_min(case) + extra + page_table_bytes(case) - fp8_saved
@@ -213,3 +243,81 @@ def roofline_bound(flop_count: float, byte_count: float, seconds: float, peak_fl
     if achieved_flops < LATENCY_FRACTION * peak_flops and achieved_bw < LATENCY_FRACTION * peak_bytes_per_s:
         return "latency", fraction
     return ("memory" if ai < peak_flops / peak_bytes_per_s else "compute"), fraction
+
+
+# ----------------------------------------------------------------------------------------------- real workloads
+# Ragged batches and attention variants: FLOPs and bytes over the real tokens and the exact unmasked
+# work, each built from the per-sequence formulas above (so a change to them reaches these too).
+# For a dense case without a variant every function below equals its dense counterpart.
+
+def sequence_cases(case: Case) -> list[Case]:
+    """One dense case per segment (a sequence of a ragged batch, or a document), batch 1, no variant:
+    the problems the per-sequence formulas count. (A causal variant is causal, or a one-query decode
+    step, whose single row sees every key either way: ``attnbench.case``.)"""
+    import dataclasses
+
+    return [dataclasses.replace(case, batch=1, seq_q=nq, seq_kv=nkv, seq_lens_q=(), seq_lens_kv=(), variant="none",
+                                window=0, softcap=0.0, doc_len=0, prefix_len=0)
+            for nq, nkv in case.segments()]
+
+
+def _pairs_hidden_by_window(sq: int, skv: int, window: int) -> int:
+    """Causal (query, key) pairs a left window of ``window`` keys hides: the query at position
+    p = i + skv - sq does not see keys j < p - window, i.e. max(0, p - window) of them."""
+    a = skv - sq - window  # row i hides max(0, i + a) keys
+    first = max(0, -a)  # the first row that hides any
+    count = sq - first
+    return count * (first + a + sq - 1 + a) // 2 if count > 0 else 0
+
+
+def workload_flops(case: Case) -> float:
+    """FLOPs of one call over the real tokens and the variant's exact unmasked work.
+
+    A ragged batch (or the ``document`` variant) is the sum of :func:`flops` over its segments. Variants
+    change which pairs are computed: ``sliding_window`` removes the causal pairs outside the window
+    (:func:`_pairs_hidden_by_window`), each costing ``2·Hq·(D_qk + D_v)``; ``prefix_lm`` adds the upper
+    triangle of the prefix block, the dense prefix (non-causal) less its causal count; ``softcap`` and
+    ``alibi`` compute every pair of the causal or dense problem (their score change is not counted, as
+    softmax exponentials are not).
+    """
+    total = 0.0
+    per_pair = 2.0 * case.heads_q * (case.head_dim_qk + case.head_dim_v)
+    for seq in sequence_cases(case):
+        fwd = forward_flops(seq)
+        if case.variant == "sliding_window":
+            fwd -= per_pair * _pairs_hidden_by_window(seq.seq_q, seq.seq_kv, case.window)
+        elif case.variant == "prefix_lm":
+            import dataclasses
+
+            prefix = dataclasses.replace(seq, seq_q=case.prefix_len, seq_kv=case.prefix_len)
+            fwd += forward_flops(dataclasses.replace(prefix, causal=False)) - forward_flops(prefix)
+        total += fwd
+    return total * (1 + BACKWARD_FLOP_FACTOR) if case.has_backward else total
+
+
+def workload_bytes_min(case: Case) -> float:
+    """:func:`bytes_min` over the real tokens: the sum over the sequences (a variant moves the same tensors)."""
+    if case.dense:
+        return bytes_min(case)
+    return float(sum(bytes_min(seq) for seq in sequence_cases(case)))
+
+
+def workload_page_table_bytes(case: Case) -> float:
+    """:func:`page_table_bytes` of the real lengths: ``ceil(Skv_b / page_size)`` pages for sequence b."""
+    if not case.page_size:
+        return 0.0
+    pages = sum(-(-n // case.page_size) for n in case.lens_kv)
+    return float(PAGE_INDEX_BYTES * ((case.batch + 1) + pages + case.batch))
+
+
+def workload_bytes_model(case: Case, family: str, fp8_inputs: tuple[str, ...] = (), device: str = "cuda") -> float:
+    """:func:`bytes_model` over the real tokens: the per-sequence model summed, the page table of the real
+    lengths once. A variant's mask or bias, where a backend reads one, is not counted (the score passes
+    of eager and math are those of the causal problem)."""
+    if case.dense:
+        return bytes_model(case, family, fp8_inputs, device=device)
+    import dataclasses
+
+    unpaged = [dataclasses.replace(seq, page_size=0) for seq in sequence_cases(case)]
+    return (float(sum(bytes_model(seq, family, fp8_inputs, device=device) for seq in unpaged))
+            + workload_page_table_bytes(case))

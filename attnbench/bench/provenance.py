@@ -47,7 +47,8 @@ def gpu_selector(uuid: str, visible: str | None, index: int) -> str:
     return str(index)
 
 
-def _current_gpu() -> str:
+def current_gpu() -> str:
+    """NVML's name (UUID or index) of the GPU torch uses."""
     index = torch.cuda.current_device()
     try:
         uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
@@ -60,27 +61,22 @@ def sm_clock_mhz() -> float:
     """Current SM clock of the GPU torch uses, via NVML (or nvidia-smi); NaN where neither answers."""
     if not torch.cuda.is_available():
         return float("nan")
-    gpu = _current_gpu()
-    try:
-        import pynvml
+    from attnbench.bench.telemetry import open_nvml
 
-        pynvml.nvmlInit()
-        if gpu.startswith(("GPU-", "MIG-")):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(gpu)
-            except TypeError:  # older nvidia-ml-py takes bytes
-                handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.encode())
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
-        return float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-    except Exception:
-        if shutil.which("nvidia-smi"):
-            out = _run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", gpu])
-            try:
-                return float(out.splitlines()[0])
-            except (ValueError, IndexError):
-                pass
-        return float("nan")
+    opened = open_nvml()
+    if opened is not None:
+        nvml, handle = opened
+        try:
+            return float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        except nvml.NVMLError:
+            pass
+    if shutil.which("nvidia-smi"):
+        out = _run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", current_gpu()])
+        try:
+            return float(out.splitlines()[0])
+        except (ValueError, IndexError):
+            pass
+    return float("nan")
 
 
 @functools.cache
@@ -107,7 +103,7 @@ def environment(device: str) -> dict:
     if device == "cuda":
         info["device_name"] = torch.cuda.get_device_name()
         info["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i",
-                               _current_gpu()]).split("\n")[0]
+                               current_gpu()]).split("\n")[0]
     else:
         info["device_name"] = f"CPU {platform.machine()} x{torch.get_num_threads()} threads"
     return info

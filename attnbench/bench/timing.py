@@ -24,6 +24,11 @@ short warm-up mixes boost-clock and throttled samples (a large CV, medians that
 move between runs). ``warmup_ms`` long enough to reach the throttled steady
 state (hundreds of ms) is the remedy short of locking clocks.
 
+Rounds: a (case, backend) is timed in ``timing.repeats`` rounds (:class:`Rounds`), each one call
+of the timer chosen in the first round (``method``), the backends of a case in rotating order
+within a round (:mod:`attnbench.bench.microbench`). A row's median is over every sample of its
+rounds; its interval and the paired ratios come from :mod:`attnbench.bench.stats`.
+
 Drift: a job re-times its first measured case at the end; a relative change
 beyond :data:`DRIFT_LIMIT` (3%, the tolerance asked of two independent runs'
 medians) flags the job's rows (``drift_flag``).
@@ -36,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from attnbench.bench import stats
 
 GRAPH_THRESHOLD_S = 50e-6
 HOST_BOUND_FRACTION = 0.5  # host enqueue time / device time from which events may time the host
@@ -71,6 +78,42 @@ class Timing:
         if self.n < 2:
             return float("nan")
         return statistics.stdev(self.times_s) / statistics.fmean(self.times_s)
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """The kept rounds of one (case, backend): one :class:`Timing` per round, all with one timer."""
+
+    timings: tuple[Timing, ...]
+
+    @property
+    def method(self) -> str:
+        return self.timings[0].method
+
+    @property
+    def samples(self) -> tuple[float, ...]:
+        return tuple(t for timing in self.timings for t in timing.times_s)
+
+    @property
+    def pooled(self) -> Timing:
+        return Timing(self.method, self.samples)
+
+    @property
+    def n_rounds(self) -> int:
+        return len(self.timings)
+
+    @property
+    def round_medians(self) -> list[float]:
+        return [t.median for t in self.timings]
+
+    def ci(self) -> tuple[float, float]:
+        """95% interval of the median of all samples (two-level bootstrap, :func:`stats.median_ci`)."""
+        return stats.median_ci([t.times_s for t in self.timings])
+
+    @property
+    def round_cv(self) -> float:
+        """Spread between rounds: the CV of the round medians."""
+        return stats.cv(self.round_medians)
 
 
 MIN_REPS = 10
@@ -150,14 +193,19 @@ def graph_reps_for(estimate_s: float | None, rep_ms: float, max_reps: int = MAX_
 
 def time_callable(fn: Callable, device: str, *, prefer_graph: bool = False, warmup_ms: float = 25,
                   rep_ms: float = 100, cpu_min_run_time_s: float = 0.2,
-                  estimate_s: float | None = None, min_reps: int = MIN_REPS) -> Timing:
+                  estimate_s: float | None = None, min_reps: int = MIN_REPS, method: str | None = None) -> Timing:
     """Time ``fn`` on ``device`` with the right timer for it (see module docstring).
 
     ``estimate_s`` (e.g. the first call's wall time) lets slow calls get at least ``min_reps``
     samples (``timing.min_reps``) and sizes the graph replays (:func:`graph_reps_for`).
+    ``method`` (the ``method`` of an earlier round's Timing) uses that timer again without choosing.
     """
     if device == "cpu":
         return _time_cpu(fn, cpu_min_run_time_s)
+    if method == "do_bench":
+        return _time_do_bench(fn, warmup_ms, rep_ms, estimate_s, min_reps)
+    if method == "cuda_graph":
+        prefer_graph = True
     if not prefer_graph:
         first = _time_do_bench(fn, warmup_ms, rep_ms, estimate_s, min_reps)
         host_s = host_enqueue_s(fn) if first.median < HOST_CHECK_MAX_S else 0.0

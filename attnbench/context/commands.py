@@ -3,7 +3,9 @@
   context pretrain       pretrain the tiny GPT at context.capability.train_len; write a checkpoint
   context evaluate       one RoPE method's variants (no fine-tune and fine-tuned) scored at every length
   context rope-overhead  time the cos/sin tables and q/k rotation per method and length
-  context tables         merge the parts; write PI- and YaRN-style tables, passkey and cost tables
+  context merge          merge the capability parts and the cost parts (each into one parquet file)
+
+The stage's tables and figure: ``attnbench tables context`` (:mod:`attnbench.report.context`).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.errors import ConfigError
+from attnbench.files import read_parquet
 
 
 def _job(path: str, stages: tuple[str, ...], threads: int | None) -> dict:
@@ -45,14 +48,15 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    import torch
-
     from attnbench.bench.results import write_atomic
-    from attnbench.context.experiment import evaluate
+    from attnbench.context.experiment import CHECKPOINT_KEYS, evaluate
+    from attnbench.train.checkpoint import load_checkpoint
 
     job = _job(args.job, ("context-evaluate",), args.threads)
     spec, device = job["spec"], job["device"]
-    checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    checkpoint = load_checkpoint(args.checkpoint, CHECKPOINT_KEYS)  # weights_only; a bad file is moved aside
+    if checkpoint is None:
+        raise ConfigError(f"checkpoint {args.checkpoint!r} does not exist; run `attnbench context pretrain` first")
     if checkpoint["spec"]["train_len"] != spec["train_len"] or checkpoint["spec"]["model"] != spec["model"]:
         raise ConfigError(f"context.capability: the checkpoint {args.checkpoint} was pretrained with another "
                           "train_len or model; rerun `attnbench context pretrain`")
@@ -83,63 +87,44 @@ def _cmd_rope_overhead(args) -> int:
     return 0
 
 
-def _cmd_tables(args) -> int:
+def _cmd_merge(args) -> int:
     from attnbench.bench.results import write_atomic
-    from attnbench.report import context as tables
 
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    if args.capability:
-        cap = pd.concat([pd.read_parquet(p) for p in args.capability], ignore_index=True)
-        write_atomic(cap, out / "capability.parquet")
-        ok = cap[cap["status"] == "ok"]
-        for name, table in (("perplexity_sliding", tables.perplexity_table(ok, "sliding")),
-                            ("perplexity_truncated", tables.perplexity_table(ok, "truncated"))):
-            (out / f"{name}.md").write_text(tables.to_markdown(table) + "\n")
-        passkey = tables.to_markdown(tables.passkey_table(ok)) if (ok["eval"] == "passkey").any() else \
-            "No passkey rows: context.capability.passkey.enabled is false for this device."
-        (out / "passkey.md").write_text(passkey + "\n")
-        written += ["perplexity_sliding.md", "perplexity_truncated.md", "passkey.md"]
-    if args.cost:
-        cost = pd.concat([pd.read_parquet(p) for p in args.cost], ignore_index=True)
-        write_atomic(cost, out / "cost.parquet")
-        (out / "cost.md").write_text(tables.to_markdown(tables.cost_table(cost)) + "\n")
-        written.append("cost.md")
-    if args.rope_overhead:
-        rope = pd.read_parquet(args.rope_overhead)
-        (out / "rope_overhead.md").write_text(tables.to_markdown(tables.rope_overhead_table(rope), ".3f") + "\n")
-        written.append("rope_overhead.md")
-    print(f"wrote {', '.join(written)} to {out}", file=sys.stderr)
+    for parts, out in ((args.capability, args.out_capability), (args.cost, args.out_cost)):
+        frame = pd.concat([read_parquet(p) for p in parts], ignore_index=True) if parts else pd.DataFrame()
+        write_atomic(frame, out)
+        print(f"wrote {len(frame)} rows from {len(parts)} files to {out}", file=sys.stderr)
     return 0
 
 
 def add_commands(sub) -> None:
+    from attnbench.cli import THREADS
+
     parser = sub.add_parser("context", help="RoPE context extension: capability and cost experiments")
     ctx = parser.add_subparsers(dest="context_command", required=True)
 
     p = ctx.add_parser("pretrain", help="pretrain the tiny GPT at context.capability.train_len")
     p.add_argument("--job", required=True, help="its plan file, results/<sweep>/plan/context/capability-pretrain.json")
     p.add_argument("--out", required=True, help="checkpoint (.pt)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=THREADS, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=_cmd_pretrain)
 
     p = ctx.add_parser("evaluate", help="score one method's variants at every evaluation length")
     p.add_argument("--job", required=True, help="its plan file, results/<sweep>/plan/context/capability-<method>.json")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=THREADS, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=_cmd_evaluate)
 
     p = ctx.add_parser("rope-overhead", help="time RoPE tables and rotation per method at the cost lengths")
     p.add_argument("--job", required=True, help="its plan file, results/<sweep>/plan/context/rope-overhead.json")
     p.add_argument("--out", required=True)
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=THREADS, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=_cmd_rope_overhead)
 
-    p = ctx.add_parser("tables", help="merge the parts and write markdown tables")
+    p = ctx.add_parser("merge", help="merge the capability parts and the cost parts")
     p.add_argument("--capability", nargs="*", default=[], help="capability parts (parquet)")
     p.add_argument("--cost", nargs="*", default=[], help="cost parts (parquet)")
-    p.add_argument("--rope-overhead", help="rope overhead parquet")
-    p.add_argument("--out-dir", required=True)
-    p.set_defaults(func=_cmd_tables)
+    p.add_argument("--out-capability", required=True)
+    p.add_argument("--out-cost", required=True)
+    p.set_defaults(func=_cmd_merge)

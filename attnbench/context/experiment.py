@@ -35,6 +35,7 @@ from attnbench.bench.provenance import environment, timestamp
 from attnbench.errors import ConfigError
 from attnbench.context import passkey
 from attnbench.context.perplexity import document_starts, sliding_window_score, truncated_window_score
+from attnbench.kernels.registry import backend_names
 from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.models.rope import METHODS, RopeConfig, RopeConfigError
 from attnbench.train.data import DataConfig, TokenData, load_tokens
@@ -42,6 +43,8 @@ from attnbench.train.loop import TrainConfig, lm_loss, lr_at
 
 Log = Callable[[str], None]
 MAX_EVAL_FACTOR = 64  # evaluation lengths beyond 64 x train_len are refused at planning time
+CHECKPOINT_KEYS = ("model_config", "state_dict", "losses", "train_s", "params", "data", "data_sha256",
+                   "spec")  # what pretrain() returns
 
 
 def _stderr(message: str) -> None:
@@ -67,6 +70,10 @@ def check_capability(spec: dict, where: str) -> dict:
     model and every method's RoPE at every factor build, passkey documents fit, evaluation lengths
     stay within :data:`MAX_EVAL_FACTOR` times the training length. Returns ``spec``."""
     check_spec(spec)
+    DataConfig.from_dict(spec["data"])
+    if spec["pretrain"]["warmup_steps"] > spec["pretrain"]["steps"]:
+        raise ConfigError(f"{where}.pretrain.warmup_steps={spec['pretrain']['warmup_steps']} is longer than "
+                          f"pretrain.steps={spec['pretrain']['steps']}; allowed: at most pretrain.steps warm-up steps")
     too_long = [f for f in spec["eval_factors"] if f > MAX_EVAL_FACTOR]
     if too_long:
         raise ConfigError(f"{where}.eval_factors: {too_long[0]!r} is not allowed; allowed: factors up to "
@@ -74,7 +81,10 @@ def check_capability(spec: dict, where: str) -> dict:
     for method in spec["methods"]:
         for variant in variants(spec, method):
             rope_config(spec, variant.method, variant.rope_factor)
-    _model_config(spec, rope_config(spec, "none", 1.0), spec["train_len"])
+    model = _model_config(spec, rope_config(spec, "none", 1.0), spec["train_len"])
+    if model.backend not in backend_names():
+        raise ConfigError(f"{where}.model.backend={model.backend!r} is not known; "
+                          f"allowed: {', '.join(backend_names())}")
     return spec
 
 

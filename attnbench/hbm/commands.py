@@ -1,9 +1,10 @@
-"""``attnbench hbm | ledger | hbm-figures``: the hbm stage's subcommands (listed in cli.COMMAND_MODULES).
+"""``attnbench hbm | hbm-table | ledger``: the hbm stage's subcommands (listed in cli.COMMAND_MODULES).
 
   hbm          time and ncu-profile one group of the config's ``hbm.groups`` into a parquet file
   hbm-table    merge hbm job files into one table
   ledger       KV bytes/token per layout (+ measured decode check) and attention bytes per training step
-  hbm-figures  ratio bars, roofline and ledger charts from those two tables
+
+Its tables and figures (ratio bars, roofline, the KV ledger): ``attnbench tables hbm`` (attnbench.report.hbm).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import pandas as pd
 
 from attnbench.errors import ConfigError
+from attnbench.files import read_parquet
 
 
 def _cmd_hbm(args) -> int:
@@ -57,7 +59,7 @@ def _cmd_table(args) -> int:
 
     parts = []
     for path in args.parts:
-        df = pd.read_parquet(path)
+        df = read_parquet(path)
         validate_rows(df, path)
         parts.append(df)
     df = frame(pd.concat(parts, ignore_index=True).to_dict("records"))
@@ -69,7 +71,7 @@ def _cmd_table(args) -> int:
 def _read_tables(paths: list[str] | None) -> pd.DataFrame | None:
     if not paths:
         return None
-    return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+    return pd.concat([read_parquet(p) for p in paths], ignore_index=True)
 
 
 def _cmd_ledger(args) -> int:
@@ -84,14 +86,6 @@ def _cmd_ledger(args) -> int:
     df = build_ledger(shape, _read_tables(args.hbm))
     write_atomic(df, args.out)
     print(f"wrote {len(df)} ledger rows to {args.out}", file=sys.stderr)
-    return 0
-
-
-def _cmd_figures(args) -> int:
-    from attnbench.report.hbm import write_figures
-
-    paths = write_figures(_read_tables(args.hbm), pd.read_parquet(args.ledger), args.out)
-    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 
 
@@ -117,10 +111,3 @@ def add_commands(sub) -> None:
     p.add_argument("--hbm", action="append", help="hbm parquet(s) whose decode rows check the formulas")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_ledger)
-
-    p = sub.add_parser("hbm-figures", help="ratio bars, roofline and ledger charts")
-    p.add_argument("--hbm", action="append", required=True, help="hbm parquet (repeatable)")
-    p.add_argument("--ledger", required=True, help="ledger parquet")
-    p.add_argument("--out", required=True, help="folder for " + ", ".join(("hbm-ratios.png", "roofline.png",
-                                                                           "kv-ledger.png")))
-    p.set_defaults(func=_cmd_figures)

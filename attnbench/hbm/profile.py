@@ -86,13 +86,12 @@ def run_plan(plan: dict, emit: Callable[..., None]) -> None:
         case = Case(**entry["case"])
         try:
             tensors = make_tensors(case, device, seed=case_seed(case, plan["seed"]))
-            input_error = ""
-        except torch.OutOfMemoryError as err:
-            tensors, input_error = None, classify(err)[1]
+        except Exception as err:  # inputs that cannot be drawn are this case's rows (oom or error), not the job's end
+            tensors, input_error = None, classify(err)
         for name in entry["backends"]:
             emit(event="start", case_id=case.case_id, backend=name)
             if tensors is None:
-                status, reason = "oom", input_error
+                status, reason = input_error[0], f"drawing the case's inputs: {input_error[1]}"
             else:
                 status, reason = profile_one(case, get_backend(name), tensors, device, warmup)
             emit(event="end", case_id=case.case_id, backend=name, status=status, reason=reason)

@@ -17,6 +17,18 @@ FP8 (``fa3-fp8``): e4m3 inputs with FA3's descale convention, one float32 descal
 (v8 * v_descale), so ``descale = amax / 448`` and ``x8 = x / descale`` (see
 :func:`quantize_e4m3`). flash-attn-4 takes the same descales, but only on SM100 (Blackwell);
 4.0.0b36 asserts "FP8 is only supported on SM100", so fa4 has no fp8 backend here.
+
+Real workloads on fa4 (the other generations here run dense cases only):
+
+* ragged batches, chunked prefill against a cached prefix and the ``document`` variant run
+  ``flash_attn_varlen_func`` on the varlen view (:mod:`attnbench.kernels.varlen`): token rows end to
+  end with int32 ``cu_seqlens_q``/``cu_seqlens_k`` and their maxima, causal bottom-right per sequence;
+* paged decode (``page_size > 0``) runs ``flash_attn_varlen_func`` with ``page_table`` (B, max pages),
+  K/V pages (num_pages, page_size, Hkv, D) and ``seqused_k`` (the KV length of each request), the page
+  table drawn from a shuffled free list (:meth:`attnbench.workloads.pages.PageTable.fragmented`);
+* variants: ``sliding_window`` as ``window_size=(window, 0)`` with ``causal=True``, ``softcap`` as
+  ``softcap``; fa4 has no ALiBi, and its ``mask_mod`` takes CuTe DSL functions, which this adapter does
+  not write, so ``alibi`` and ``prefix_lm`` are unsupported rows.
 """
 from __future__ import annotations
 
@@ -28,7 +40,9 @@ import importlib.util
 import torch
 
 from attnbench.case import Case, Tensors
-from attnbench.kernels.registry import Backend, register
+from attnbench.kernels.registry import Backend, dense_only, register
+from attnbench.kernels.varlen import to_case_layout, varlen_view
+from attnbench.workloads.pages import PageTable, case_page_seed, token_rows
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn (OCP FP8 spec); REFERENCES.md
 
@@ -107,10 +121,16 @@ class _FlashAttn(Backend):
         return True, ""
 
     def supports(self, case: Case) -> tuple[bool, str]:
-        if case.dtype not in ("fp16", "bf16"):
-            return False, f"{self.name} takes fp16 or bf16 (case dtype {case.dtype})"
+        ok, reason = self._common_supports(case)
+        if not ok:
+            return ok, reason
         if case.page_size:
             return False, f"this {self.name} adapter takes a contiguous BSHD KV cache, not a paged one"
+        return dense_only(self.name, case)
+
+    def _common_supports(self, case: Case) -> tuple[bool, str]:
+        if case.dtype not in ("fp16", "bf16"):
+            return False, f"{self.name} takes fp16 or bf16 (case dtype {case.dtype})"
         if case.head_dim_qk != case.head_dim_v or case.head_dim_qk not in self.head_dims:
             return False, (f"{self.name} here runs head_dim in {self.head_dims} with head_dim_qk == head_dim_v "
                            f"(case {case.head_dim_qk}/{case.head_dim_v})")
@@ -222,3 +242,58 @@ class FA4(_FlashAttn):
     # CuTe DSL kernel names carry the Python path: kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90
     # FlashAttentionForwardSm90_... (flash-attention PR #2564 shows them)
     kernel_pattern = r"flash_attncute|FlashAttention(Forward|Backward)"
+
+    def supports(self, case: Case) -> tuple[bool, str]:
+        ok, reason = self._common_supports(case)
+        if not ok:
+            return ok, reason
+        if case.variant == "alibi":
+            return False, "fa4 has no ALiBi (flash_attn.cute takes no alibi_slopes)"
+        if case.variant == "prefix_lm":
+            return False, "fa4 takes arbitrary masks only as CuTe DSL mask_mod functions; this adapter writes none"
+        return True, ""
+
+    @staticmethod
+    def _variant_kwargs(case: Case) -> dict:
+        if case.variant == "sliding_window":
+            return {"window_size": (case.window, 0)}
+        if case.variant == "softcap":
+            return {"softcap": case.softcap}
+        return {}
+
+    def _varlen(self):
+        return getattr(_import(self.module)[0], "flash_attn_varlen_func")
+
+    def build(self, case: Case, tensors: Tensors):
+        if case.dense and not case.page_size:
+            return super().build(case, tensors)
+        causal = case.implied_causal if case.variant == "sliding_window" else case.causal
+        kwargs = dict(softmax_scale=case.scale, causal=causal, **self._variant_kwargs(case))
+        if case.page_size:
+            return self._build_paged(case, tensors, kwargs)
+        if not case.ragged and case.variant != "document":  # a dense variant: the batched API
+            q, k, v = (to_bshd(t.detach()) for t in (tensors.q, tensors.k, tensors.v))
+            func = self._func()
+            return lambda: func(q, k, v, **kwargs)
+        view, func = varlen_view(case, tensors), self._varlen()
+        return lambda: func(view.q, view.k, view.v, cu_seqlens_q=view.cu_q, cu_seqlens_k=view.cu_kv,
+                            max_seqlen_q=view.max_q, max_seqlen_k=view.max_kv, **kwargs)
+
+    def _build_paged(self, case: Case, tensors: Tensors, kwargs: dict):
+        """Decode over a fragmented paged cache: q (B, 1, Hq, D), pages, the block table and ``seqused_k``."""
+        device = tensors.q.device
+        table = PageTable.fragmented(case.lens_kv, case.page_size, seed=case_page_seed(case.case_id), device=device)
+        k_pages, v_pages = (table.scatter(token_rows(t.detach())) for t in (tensors.k, tensors.v))
+        q = token_rows(tensors.q.detach()).unsqueeze(1).contiguous()  # (B, 1, Hq, D): one token per request
+        block_table = table.block_table()
+        seqused_k = torch.tensor(case.lens_kv, dtype=torch.int32, device=device)
+        func = self._varlen()
+        return lambda: func(q, k_pages, v_pages, seqused_k=seqused_k, page_table=block_table, **kwargs)
+
+    def output(self, case: Case, result) -> torch.Tensor:
+        out = result[0] if isinstance(result, tuple) else result
+        if case.page_size:  # (B, 1, Hq, Dv): one row per request
+            return to_case_layout(case, out[:, 0]) if case.ragged else from_bshd(out)
+        if case.ragged or case.variant == "document":
+            return to_case_layout(case, out)
+        return from_bshd(out)

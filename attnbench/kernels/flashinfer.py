@@ -3,13 +3,20 @@
 Layouts (all conversions happen in :meth:`build`, outside the timed call):
 
 * prefill, batch 1: ``single_prefill_with_kv_cache`` on NHD tensors q (Sq, Hq, D), k/v (Skv, Hkv, D);
-* prefill, batch > 1: ``BatchPrefillWithRaggedKVCacheWrapper`` on the batch flattened to ragged NHD
-  (B*S, H, D) with ``indptr = [0, S, 2S, ...]``; ``plan()`` runs in :meth:`build`;
+* prefill, batch > 1, ragged batches, chunked prefill and the ``document`` variant:
+  ``BatchPrefillWithRaggedKVCacheWrapper`` on the varlen view (:mod:`attnbench.kernels.varlen`): token
+  rows (tokens, H, D) with the segments' real ``qo_indptr``/``kv_indptr``; ``plan()`` runs in :meth:`build`;
+  FlashInfer's causal mask is bottom-right aligned per request;
 * decode (one query token per request): ``BatchDecodeWithPagedKVCacheWrapper`` over a paged NHD
   cache, k/v pages (num_pages, page_size, Hkv, D), a CSR page table (``indptr``, ``indices``,
-  ``last_page_len``) built in :meth:`build`; the timed call is only ``wrapper.run(q, (k, v))``.
-  ``Case.page_size`` 0 (contiguous) runs with :data:`DEFAULT_PAGE_SIZE` = 16, the page size of
-  vLLM's and FlashInfer's own benchmarks; the row keeps ``page_size = 0``.
+  ``last_page_len``) built in :meth:`build` from a shuffled free list
+  (:meth:`attnbench.workloads.pages.PageTable.fragmented`, seeded per case); the timed call is only
+  ``wrapper.run(q, (k, v))``. ``Case.page_size`` 0 (contiguous) runs with :data:`DEFAULT_PAGE_SIZE` =
+  16, the page size of vLLM's and FlashInfer's own benchmarks; the row keeps ``page_size = 0``;
+* variants through ``plan()``: ``window_left`` (sliding window), ``logits_soft_cap`` (softcap),
+  ``pos_encoding_mode="ALIBI"`` (FlashInfer's own slopes, ``get_alibi_slopes``, those of
+  :func:`attnbench.workloads.variants.alibi_slopes`) and, for ``prefix_lm``, a flattened boolean
+  ``custom_mask`` (packed into bits inside ``plan()``).
 
 Tensor cores in decode: on when the GQA group (Hq / Hkv) exceeds 4, the threshold SGLang's
 ``should_use_tensor_core`` and vLLM use for fp16/bf16 KV (the CUDA-core decode kernel keeps up
@@ -49,14 +56,16 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from attnbench.case import Case, Tensors
+from attnbench.case import DTYPES, Case, Tensors
 from attnbench.kernels.flash_attn import quantize_e4m3
 from attnbench.kernels.registry import Backend, register
+from attnbench.kernels.varlen import to_case_layout, varlen_view
+from attnbench.workloads.pages import PageTable, case_page_seed, token_rows
+from attnbench.workloads.variants import Semantics
 
 DEFAULT_PAGE_SIZE = 16
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace (split-k partials)
@@ -70,8 +79,7 @@ MLA_HEADS = (16, 32, 64, 128)
 
 def to_ragged(x: torch.Tensor) -> torch.Tensor:
     """(B, H, S, D) -> contiguous (B*S, H, D): FlashInfer's ragged NHD layout."""
-    b, h, s, d = x.shape
-    return x.transpose(1, 2).reshape(b * s, h, d).contiguous()
+    return token_rows(x).contiguous()
 
 
 def from_ragged(x: torch.Tensor, batch: int) -> torch.Tensor:
@@ -84,68 +92,43 @@ def indptr(batch: int, seq: int, device="cpu") -> torch.Tensor:
     return torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
 
 
-@dataclass(frozen=True)
-class PageTable:
-    """FlashInfer's CSR page table: request b owns pages ``indices[indptr[b]:indptr[b+1]]``.
-
-    The last page of each request holds ``last_page_len`` tokens (1..page_size); the rest of it
-    is padding the kernel never reads.
-    """
-
-    indptr: torch.Tensor  # (B + 1,) int32
-    indices: torch.Tensor  # (total pages,) int32
-    last_page_len: torch.Tensor  # (B,) int32
-    page_size: int
-
-    @staticmethod
-    def contiguous(batch: int, seq_kv: int, page_size: int, device="cpu") -> "PageTable":
-        """Every request ``seq_kv`` tokens long, its pages numbered consecutively."""
-        if page_size < 1 or seq_kv < 1:
-            raise ValueError(f"page_size={page_size} and seq_kv={seq_kv} are not allowed; allowed: positive integers")
-        pages = -(-seq_kv // page_size)
-        last = seq_kv - (pages - 1) * page_size
-        return PageTable(indptr(batch, pages, device), torch.arange(batch * pages, dtype=torch.int32, device=device),
-                         torch.full((batch,), last, dtype=torch.int32, device=device), page_size)
-
-    @property
-    def batch(self) -> int:
-        return self.last_page_len.numel()
-
-    @property
-    def pages_per_request(self) -> int:
-        return int(self.indptr[1] - self.indptr[0])
-
-    @property
-    def num_pages(self) -> int:
-        return int(self.indices.max()) + 1
+def case_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, page_size: int | None) -> Case:
+    """The dense case of BHSD tensors (what :meth:`_FlashInfer.attention` runs through the built path)."""
+    b, hq, sq, dqk = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    layout = "mla" if hkv == 1 and dv < dqk else ("mha" if hq == hkv else ("mqa" if hkv == 1 else "gqa"))
+    decode = sq == 1  # one query token per request: the paged decode path
+    return Case(mode="decode" if decode else "fwd", layout=layout, batch=b, heads_q=hq, heads_kv=hkv,
+                head_dim_qk=dqk, head_dim_v=dv, seq_q=sq, seq_kv=skv, causal=causal and not decode,
+                dtype={t: n for n, t in DTYPES.items()}[q.dtype], page_size=(page_size or 0) if decode else 0)
 
 
-def to_paged(x: torch.Tensor, table: PageTable) -> torch.Tensor:
-    """(B, H, S, D) -> pages (num_pages, page_size, H, D) placed where ``table`` says; padding is zero.
-
-    Assumes every request has ``table.pages_per_request`` pages (what :meth:`PageTable.contiguous` builds).
-    """
-    b, h, s, d = x.shape
-    per, size = table.pages_per_request, table.page_size
-    padded = torch.zeros(b, per * size, h, d, dtype=x.dtype, device=x.device)
-    padded[:, :s] = x.transpose(1, 2)
-    pages = torch.zeros(table.num_pages, size, h, d, dtype=x.dtype, device=x.device)
-    pages[table.indices.long().to(x.device)] = padded.reshape(b * per, size, h, d)
-    return pages
+def page_table(case: Case, device) -> PageTable:
+    """The case's fragmented page table (page size 16 for a contiguous case): one layout for every backend."""
+    return PageTable.fragmented(case.lens_kv, case.page_size or DEFAULT_PAGE_SIZE, seed=case_page_seed(case.case_id),
+                                device=device)
 
 
-def from_paged(pages: torch.Tensor, table: PageTable, seq_kv: int) -> torch.Tensor:
-    """The inverse of :func:`to_paged`: (B, H, seq_kv, D) gathered through the page table."""
-    per, size = table.pages_per_request, table.page_size
-    rows = pages[table.indices.long().to(pages.device)].reshape(table.batch, per * size, *pages.shape[2:])
-    return rows[:, :seq_kv].transpose(1, 2)
+def variant_plan(case: Case) -> dict:
+    """``plan()`` keywords of a variant: FlashInfer's ``window_left``, ``logits_soft_cap``, ALiBi, custom mask."""
+    if case.variant == "sliding_window":
+        return {"window_left": case.window}
+    if case.variant == "softcap":
+        return {"logits_soft_cap": case.softcap}
+    if case.variant == "alibi":
+        return {"pos_encoding_mode": "ALIBI"}
+    return {}
 
 
-def to_mla_pages(k: torch.Tensor, rank: int, table: PageTable) -> tuple[torch.Tensor, torch.Tensor]:
-    """MLA latent cache (B, 1, S, d_c + d_h^R) -> contiguous ckv (num_pages, page_size, d_c) and
-    kpe (num_pages, page_size, d_h^R) pages placed where ``table`` says; padding is zero."""
-    pages = to_paged(k, table)[:, :, 0]  # (num_pages, page_size, d_c + d_h^R): the one latent head
-    return pages[..., :rank].contiguous(), pages[..., rank:].contiguous()
+def prefix_lm_mask(case: Case, device) -> torch.Tensor:
+    """The flattened boolean ``custom_mask`` of FlashInfer's ragged prefill: each segment's (q, kv) mask,
+    row-major, segments in order ("mask layout" in FlashInfer's docs)."""
+    sem = Semantics.of(case)
+    parts = []
+    for nq, nkv in case.segments():
+        p, j = torch.arange(nq, device=device) + (nkv - nq), torch.arange(nkv, device=device)
+        parts.append(sem.keep(p, j).flatten())
+    return torch.cat(parts)
 
 
 def use_tensor_cores(heads_q: int, heads_kv: int) -> bool:
@@ -208,54 +191,55 @@ class _FlashInfer(Backend):
             return False, "the paged decode wrapper takes one query token per request (seq_q=1)"
         return True, ""
 
-    def _decode(self, q, k, v, *, scale: float, page_size: int) -> tuple[Callable, Callable]:
-        """Paged decode runner over BHSD q (B, Hq, 1, D), k/v (B, Hkv, Skv, D): (timed call, output -> BHSD)."""
+    def _decode(self, case: Case, t: Tensors, scale: float) -> Callable:
+        """Paged decode: q rows (B, Hq, D), K/V pages placed by the case's fragmented page table."""
         fi = _flashinfer()[0]
-        b, hq, _, d = q.shape
-        hkv, skv = k.shape[1], k.shape[2]
-        table = PageTable.contiguous(b, skv, page_size, device=q.device)
-        k_pages, v_pages = to_paged(k, table), to_paged(v, table)
+        table = page_table(case, t.q.device)
+        k_pages, v_pages = (table.scatter(token_rows(x.detach())) for x in (t.k, t.v))
         k_scale = v_scale = None
         if self.quantize_kv:  # after paging: only elementwise ops touch fp8 (zero padding leaves amax alone)
-            (k_pages, k_scale), (v_pages, v_scale) = (quantize_e4m3(t, dims=(0, 1, 2, 3)) for t in (k_pages, v_pages))
+            (k_pages, k_scale), (v_pages, v_scale) = (quantize_e4m3(x, dims=(0, 1, 2, 3)) for x in (k_pages, v_pages))
             k_scale, v_scale = float(k_scale), float(v_scale)
-        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), kv_layout="NHD",
-                                                        use_tensor_cores=use_tensor_cores(hq, hkv))
-        wrapper.plan(table.indptr, table.indices, table.last_page_len, hq, hkv, d, page_size,
-                     q_data_type=q.dtype, kv_data_type=k_pages.dtype, sm_scale=scale)
-        q_nhd = q[:, :, 0].contiguous()  # (B, Hq, D)
-        run = functools.partial(wrapper.run, q_nhd, (k_pages, v_pages), k_scale=k_scale, v_scale=v_scale)
-        return run, lambda out: out.unsqueeze(2)
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(_workspace(t.q.device), kv_layout="NHD",
+                                                        use_tensor_cores=use_tensor_cores(case.heads_q, case.heads_kv))
+        wrapper.plan(table.indptr, table.indices, table.last_page_len, case.heads_q, case.heads_kv, case.head_dim_qk,
+                     table.page_size, q_data_type=t.q.dtype, kv_data_type=k_pages.dtype, sm_scale=scale,
+                     **variant_plan(case))
+        q_rows = token_rows(t.q.detach()).contiguous()  # (B, Hq, D): one token per request
+        return functools.partial(wrapper.run, q_rows, (k_pages, v_pages), k_scale=k_scale, v_scale=v_scale)
 
-    def _prefill(self, q, k, v, *, causal: bool, scale: float) -> tuple[Callable, Callable]:
+    def _prefill(self, case: Case, t: Tensors, scale: float) -> Callable:
+        """Single prefill for one dense sequence; otherwise the ragged wrapper with the segments' real indptr."""
         fi = _flashinfer()[0]
-        b, hq, sq, d = q.shape
-        hkv, skv = k.shape[1], k.shape[2]
-        qr, kr, vr = to_ragged(q), to_ragged(k), to_ragged(v)
-        if b == 1:
-            run = functools.partial(fi.single_prefill_with_kv_cache, qr, kr, vr, causal=causal, sm_scale=scale,
-                                    kv_layout="NHD")
-        else:
-            wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(q.device), kv_layout="NHD")
-            wrapper.plan(indptr(b, sq, q.device), indptr(b, skv, q.device), hq, hkv, d, head_dim_vo=v.shape[-1],
-                         causal=causal, sm_scale=scale, q_data_type=q.dtype, kv_data_type=k.dtype)
-            run = functools.partial(wrapper.run, qr, kr, vr)
-        return run, lambda out: from_ragged(out, b)
+        if case.dense and case.batch == 1:
+            qr, kr, vr = (to_ragged(x.detach()) for x in (t.q, t.k, t.v))
+            return functools.partial(fi.single_prefill_with_kv_cache, qr, kr, vr, causal=case.causal, sm_scale=scale,
+                                     kv_layout="NHD")
+        view = varlen_view(case, t)
+        extra = variant_plan(case)
+        causal = case.implied_causal if case.variant in ("sliding_window", "alibi") else case.causal
+        if case.variant == "prefix_lm":
+            extra["custom_mask"] = prefix_lm_mask(case, t.q.device)
+        wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(_workspace(t.q.device), kv_layout="NHD")
+        wrapper.plan(view.cu_q, view.cu_kv, case.heads_q, case.heads_kv, case.head_dim_qk, head_dim_vo=case.head_dim_v,
+                     causal=causal, sm_scale=scale, q_data_type=t.q.dtype, kv_data_type=t.k.dtype, **extra)
+        return functools.partial(wrapper.run, view.q, view.k, view.v)
 
-    def _runner(self, q, k, v, *, causal: bool, scale: float, page_size: int | None):
-        if q.shape[2] == 1:  # one query token per request: the paged decode path
-            return self._decode(q, k, v, scale=scale, page_size=page_size or DEFAULT_PAGE_SIZE)
-        return self._prefill(q, k, v, causal=causal, scale=scale)
+    def _runner(self, case: Case, t: Tensors, scale: float) -> Callable:
+        return self._decode(case, t, scale) if case.mode == "decode" else self._prefill(case, t, scale)
 
     def attention(self, q, k, v, *, causal: bool, scale: float, page_size: int | None = None):
-        """BHSD in and out; the same path :meth:`build` times (decode pages with ``page_size``, default 16)."""
-        run, to_bhsd = self._runner(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale,
-                                    page_size=page_size)
-        return to_bhsd(run()).to(q.dtype)
+        """BHSD in and out; the path :meth:`build` times (decode pages with ``page_size``, default 16)."""
+        case = case_of(q, k, v, causal, page_size)
+        run = self._runner(case, Tensors(q.detach(), k.detach(), v.detach()), scale)
+        return self.output(case, run()).to(q.dtype)
+
+    def output(self, case: Case, result) -> torch.Tensor:
+        """Output rows (tokens, Hq, Dv) -> the case's layout."""
+        return to_case_layout(case, result)
 
     def build(self, case: Case, tensors: Tensors):
-        run, _ = self._runner(tensors.q.detach(), tensors.k.detach(), tensors.v.detach(), causal=case.causal,
-                              scale=case.scale, page_size=case.page_size)
+        run = self._runner(case, tensors, case.scale)
         run()  # JIT-compiles single prefill here (wrappers compiled in plan()), so setup_s holds it
         return run
 
@@ -322,23 +306,25 @@ class FlashInferMLA(_FlashInfer):
                            f"(case {dims[0]} + {dims[1]})")
         if case.heads_q not in MLA_HEADS:
             return False, f"{self.name} here runs heads_q in {MLA_HEADS} (case {case.heads_q})"
+        if case.variant != "none":
+            return False, f"this {self.name} adapter runs no attention variants (case variant {case.variant})"
         return True, ""
 
-    def _runner(self, q, k, v, *, causal: bool, scale: float, page_size: int | None):
-        """Paged MLA runner over BHSD q (B, H, 1, d_c + d_h^R), latent k (B, 1, Skv, d_c + d_h^R) and v, its
-        first d_c dims: (timed call, output -> BHSD)."""
-        b, h, _, _ = q.shape
-        rank, skv = v.shape[-1], k.shape[2]
-        if not torch.equal(v, k[..., :rank]):
+    def _runner(self, case: Case, t: Tensors, scale: float) -> Callable:
+        """Paged MLA over BHSD q (B, H, 1, d_c + d_h^R), the latent k (one head, d_c + d_h^R) and v, its first
+        d_c dims; packed rows for a ragged batch. The pages follow the case's fragmented page table."""
+        rank = case.head_dim_v
+        if not torch.equal(t.v, t.k[..., :rank]):
             raise ValueError(f"{self.name} reads the value from the latent: v must equal k[..., :{rank}]")
-        page_size = page_size or DEFAULT_PAGE_SIZE
-        table = PageTable.contiguous(b, skv, page_size, device=q.device)
-        ckv, kpe = to_mla_pages(k, rank, table)
-        q_nope, q_pe = q[:, :, 0, :rank].contiguous(), q[:, :, 0, rank:].contiguous()  # (B, H, d_c), (B, H, d_h^R)
-        wrapper = _mla_wrapper_class()[0](_workspace(q.device), backend="auto")
-        kv_len = torch.full((b,), skv, dtype=torch.int32, device=q.device)
-        wrapper.plan(indptr(b, 1, q.device), table.indptr, table.indices, kv_len, num_heads=h, head_dim_ckv=rank,
-                     head_dim_kpe=kpe.shape[-1], page_size=page_size, causal=causal, sm_scale=scale,
-                     q_data_type=q.dtype, kv_data_type=ckv.dtype)
-        run = functools.partial(wrapper.run, q_nope, q_pe, ckv, kpe)
-        return run, lambda out: out.unsqueeze(2)  # (B, H, d_c) -> (B, H, 1, d_c)
+        device = t.q.device
+        table = page_table(case, device)
+        pages = table.scatter(token_rows(t.k.detach()))[:, :, 0]  # (num_pages, page_size, d_c + d_h^R)
+        ckv, kpe = pages[..., :rank].contiguous(), pages[..., rank:].contiguous()
+        q_rows = token_rows(t.q.detach())  # (B, H, d_c + d_h^R)
+        q_nope, q_pe = q_rows[..., :rank].contiguous(), q_rows[..., rank:].contiguous()
+        wrapper = _mla_wrapper_class()[0](_workspace(device), backend="auto")
+        kv_len = torch.tensor(case.lens_kv, dtype=torch.int32, device=device)
+        wrapper.plan(indptr(case.batch, 1, device), table.indptr, table.indices, kv_len, num_heads=case.heads_q,
+                     head_dim_ckv=rank, head_dim_kpe=kpe.shape[-1], page_size=table.page_size, causal=False,
+                     sm_scale=scale, q_data_type=t.q.dtype, kv_data_type=ckv.dtype)
+        return functools.partial(wrapper.run, q_nope, q_pe, ckv, kpe)

@@ -11,7 +11,9 @@ A backend adapts one attention implementation to the harness. The contract
 * ``build(case, tensors) -> callable``: layout conversion and setup happen here,
   the returned zero-argument callable runs only the kernel (and, in fwd_bwd,
   its backward);
-* ``attention(q, k, v, *, causal, scale)``: the autograd-capable call models use;
+* ``attention(q, k, v, *, causal, scale)``: the autograd-capable call models use (dense cases);
+* ``output(case, result)``: the timed callable's result as the harness's output tensor (BHSD, packed
+  for a ragged case), so that a ragged or variant case is checked on the path that was timed;
 * fp8 backends only: ``compute_dtype = "fp8"`` and ``fp8_inputs``, the inputs the
   timed call reads in e4m3 (counted at one byte per element in ``bytes_model``).
 
@@ -44,10 +46,9 @@ class Backend:
     family: str = "fused"
     kernel_pattern: str = ""  # regex over profiled kernel names; "" skips the check
     install_hint: str = ""
-    baseline: bool = False  # the accuracy baseline (sdpa-math): others are measured against it
     # Precision the kernel computes in when it differs from the case dtype: "fp8" for backends that
-    # quantise bf16/fp16 inputs themselves. Their errors are reported, but the 2x gate (a rule for
-    # kernels computing in the input precision) does not apply; only non-finite results fail.
+    # quantise bf16/fp16 inputs themselves. The 2x-eager gate (a rule for kernels computing in the input
+    # precision) does not apply; they are held to attnbench.bench.numerics.FP8_REL_ERR_BOUND instead.
     compute_dtype: str | None = None
     # Inputs among "q", "k", "v" that the timed call reads in e4m3 (quantised in build): bytes_model
     # counts them at one byte per element (attnbench.bench.conventions.bytes_model). Set with compute_dtype.
@@ -64,6 +65,10 @@ class Backend:
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float) -> torch.Tensor:
         raise NotImplementedError(f"{self.name} has no attention()")
+
+    def output(self, case: Case, result) -> torch.Tensor:
+        """The built callable's result in the harness layout (default: BHSD already, or its first item)."""
+        return result[0] if isinstance(result, tuple) else result
 
     def build(self, case: Case, tensors: Tensors) -> Callable[[], object]:
         """Default: time :meth:`attention` (plus its backward in fwd_bwd) on the given tensors."""
@@ -86,6 +91,15 @@ class Backend:
             return True
         pattern = re.compile(self.kernel_pattern, re.IGNORECASE)
         return any(pattern.search(name) for name in kernel_names)
+
+
+def dense_only(name: str, case: Case) -> tuple[bool, str]:
+    """The ``supports`` answer of an adapter that runs dense cases only: why it refuses the others."""
+    if case.ragged:
+        return False, f"this {name} adapter runs equal-length batches; the ragged ({case.workload}) path is not wired"
+    if case.variant != "none":
+        return False, f"this {name} adapter runs no attention variants (case variant {case.variant})"
+    return True, ""
 
 
 class BackendError(KeyError):

@@ -26,7 +26,8 @@ CP_COLUMNS: dict[str, tuple[str, str]] = {
     "kernel": ("string", "the per-block kernel (ring) or the SDPA kernel PyTorch's context_parallel pins"),
     "rotation": ("string", "how K/V move: ring-p2p (our ring), allgather or alltoall (PyTorch's set_rotate_method)"),
     "seq_local": ("integer", "tokens per rank"),
-    "workload": ("string", "dense, or packed documents: their count, mean, min and max length"),
+    "packing": ("string", "dense, or packed documents: their count, mean, min and max length (the results "
+                          "column workload stays the case's: fixed, the grid's lengths)"),
     "doc_lengths": ("string", "document lengths, ';'-joined (empty when dense)"),
     "tflops_per_gpu": ("number", "tflops / world_size"),
     "scaling_efficiency": ("number", "tflops_per_gpu over the N=1 row's tflops (same case, documents, backend); "
@@ -59,7 +60,7 @@ CP_COLUMNS: dict[str, tuple[str, str]] = {
 }
 
 # what identifies a row's problem apart from world size and sharding: the N=1 baseline is joined on it
-BASELINE_KEYS = ("case_id", "workload", "doc_lengths", "backend")
+BASELINE_KEYS = ("case_id", "packing", "doc_lengths", "backend")
 
 
 def flops(case: Case, documents: Documents | None) -> float:

@@ -1,7 +1,10 @@
-"""``attnbench context-parallel | context-parallel-table``: the stage's subcommands (listed in cli.COMMAND_MODULES).
+"""``attnbench context-parallel | context-parallel-merge``: the stage's subcommands (listed in cli.COMMAND_MODULES).
 
   context-parallel        run one world size's job: torchrun with N ranks, within its time limit
-  context-parallel-table  merge the world sizes' files, fill the scaling efficiency, write tables and figures
+  context-parallel-merge  merge the world sizes' files and fill the scaling efficiency
+
+The stage's tables and figures come from the merged file through ``attnbench tables context_parallel``
+(:mod:`attnbench.report.stages`).
 """
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pandas as pd
 
 
 def _cmd_run(args) -> int:
@@ -32,20 +34,19 @@ def _cmd_run(args) -> int:
     return 0
 
 
-def _cmd_table(args) -> int:
+def _cmd_merge(args) -> int:
     from attnbench.bench.results import validate_rows, write_atomic
-    from attnbench.report.context_parallel import merge, write_figures, write_tables
+    from attnbench.files import read_parquet
+    from attnbench.report.context_parallel import merge
 
     parts = []
     for path in args.parts:
-        df = pd.read_parquet(path)
+        df = read_parquet(path, "context-parallel results file (attnbench context-parallel)")
         validate_rows(df, path)
         parts.append(df)
     df = merge(parts)
     write_atomic(df, args.out)
-    index = write_tables(df, args.tables)
-    figures = write_figures(df, args.figures)
-    print(f"wrote {len(df)} rows to {args.out}, {len(index)} tables, {len(figures)} figures", file=sys.stderr)
+    print(f"wrote {len(df)} rows from {len(parts)} files to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -57,9 +58,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True, help="results parquet")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("context-parallel-table", help="merge context-parallel files; tables and figures")
+    p = sub.add_parser("context-parallel-merge", help="merge context-parallel files, filling the scaling efficiency")
     p.add_argument("--out", required=True, help="the merged parquet (with scaling efficiency)")
-    p.add_argument("--tables", required=True, help="folder for the tables (md, tex, csv, index.json)")
-    p.add_argument("--figures", required=True, help="folder for the figures (png)")
     p.add_argument("parts", nargs="+", help="parquet files written by attnbench context-parallel")
-    p.set_defaults(func=_cmd_table)
+    p.set_defaults(func=_cmd_merge)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from attnbench.case import Case, CaseError
+from attnbench.case import WORKLOAD_DEFAULTS, Case, CaseError
 from attnbench.errors import ConfigError, reject_unknown_keys
 from attnbench.parallel.backends import CP_BACKENDS
 from attnbench.parallel.documents import Documents, DocumentsError, synthetic_lengths
@@ -95,6 +95,10 @@ def _group_items(name: str, spec: dict, section: dict, where: str, max_cases: in
         if case.mode == "decode" or case.seq_q != case.seq_kv:
             raise ConfigError(f"{where}: {case.label()}: allowed: mode fwd or fwd_bwd with seq_q == seq_kv "
                               "(one sequence sharded over the ranks)")
+        varied = [k for k, default in WORKLOAD_DEFAULTS.items() if getattr(case, k) != default]
+        if varied:  # the ring's block kernels compute plain (causal) attention: a variant would be mislabelled
+            raise ConfigError(f"{where}: {', '.join(varied)} is not allowed in this stage; allowed: a dense grid, "
+                              "packed documents under `documents`")
         documents = documents_for(spec.get("documents"), case.seq_kv, f"{where}.documents")
         items.append({"group": name, "case": case.fields(), "documents": list(documents.lengths) if documents else None,
                       "shardings": shardings, "backends": backends, "world_sizes": worlds})

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import math
 import os
 import statistics
@@ -58,7 +59,7 @@ def base_row(job: dict, item: dict, case: Case, documents: Documents | None, sha
                backend_version=backend.version(), compute_dtype=case.dtype, flops=flops(case, documents),
                row_id=item["row_id"], world_size=sharding.world, sharding=sharding.name, kernel=backend.kernel_name,
                rotation=getattr(backend, "rotation", "ring-p2p"), seq_local=sharding.local,
-               workload=documents.describe() if documents else "dense",
+               packing=documents.describe() if documents else "dense",
                doc_lengths=";".join(map(str, documents.lengths)) if documents else "", status="ok", reason="")
     work = rank_work(sharding, case.causal, documents) if backend.name.startswith("ring-") else None
     if work:
@@ -223,7 +224,8 @@ def _agree(status: str, reason: str, rank: int) -> tuple[str, str]:
 def _shape_key(item: dict) -> tuple:
     """Items that differ only in length: an oom at one length skips the longer ones."""
     fields = {k: v for k, v in item["case"].items() if k not in ("seq_q", "seq_kv")}
-    return (item["group"], item["backend"], item["sharding"], tuple(sorted(fields.items())),
+    # as JSON: a case's workload fields may be lists, which a tuple key could not hash
+    return (item["group"], item["backend"], item["sharding"], json.dumps(fields, sort_keys=True),
             item["documents"] is not None)
 
 

@@ -13,19 +13,40 @@ import pandas as pd
 
 from attnbench.bench.results import COLUMNS, ResultsError, to_frame, validate_rows
 from attnbench.bench.schema import validate_frame
+from attnbench.files import read_parquet
 
-# CSV carries no types: string columns are read as strings ("1.0" stays a driver version, not a number).
+# CSV carries no types: string columns are read as strings ("1.0" stays a driver version, not a number), and
+# array columns (round_ms) as the "[1.0, 2.0]" text a list is written as.
 _STRINGS = {name: "string" for name, (kind, _) in COLUMNS.items() if kind == "string"}
-READERS = {".parquet": pd.read_parquet, ".csv": lambda path: pd.read_csv(path, dtype=_STRINGS)}
+
+
+def _numbers(text: str):
+    text = text.strip().strip("[]")
+    return [float(x) for x in text.replace(",", " ").split()] if text else None
+
+
+_ARRAYS = {name: _numbers for name, (kind, _) in COLUMNS.items() if kind == "array"}
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise ResultsError(f"{path}: results file does not exist")
+    try:
+        return pd.read_csv(path, dtype=_STRINGS, converters=_ARRAYS)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as err:  # EmptyDataError is a ValueError
+        raise ResultsError(f"{path}: not a readable results file (CSV) ({type(err).__name__}: "
+                           f"{' '.join(str(err).split())[:160]})") from None
+
+
+READERS = {".parquet": read_parquet, ".csv": _read_csv}
 
 
 def read_any(path: str | Path) -> pd.DataFrame:
+    """A results file as a frame; one line naming the file for a missing, empty, corrupt or foreign one."""
     path = Path(path)
     reader = READERS.get(path.suffix)
     if reader is None:
         raise ResultsError(f"{path}: suffix {path.suffix!r} is not a results format; allowed: {', '.join(READERS)}")
-    if not path.is_file():
-        raise ResultsError(f"{path}: results file does not exist")
     return reader(path)
 
 

@@ -1,7 +1,9 @@
 """Tables and figures of the context-parallel stage, from its merged rows (docs/context-parallel.md).
 
 :func:`merge` joins the world sizes' files and fills ``scaling_efficiency`` and ``speedup_vs_1``
-from the N=1 row of the same case, documents and backend. Tables (:class:`attnbench.report.tables.Table`):
+from the N=1 row of the same case, documents and backend (``attnbench context-parallel-merge``);
+:func:`build` makes the stage's report outputs from the merged rows (``attnbench tables context_parallel``,
+registered in :mod:`attnbench.report.stages`). Tables (:class:`attnbench.report.artifacts.Table`):
 
   cp_tflops      TFLOP/s per GPU by world size (the N=1 baseline shown beside every sharding)
   cp_efficiency  scaling efficiency, TFLOP/s per GPU over one GPU's, by world size
@@ -10,14 +12,12 @@ from the N=1 row of the same case, documents and backend. Tables (:class:`attnbe
   cp_numerics    errors against fp64 on the gathered sequence, and over the unsharded kernel's
   cp_status      rows per backend and status, with the reasons
 
-Figures (:data:`FIGURE_NAMES`, each built as a matplotlib figure by :func:`build_figures`, written as
-``<name>.png``): ``cp-scaling`` (TFLOP/s per GPU against world size, scaling efficiency against
+Figures (:data:`FIGURE_NAMES`, :class:`attnbench.report.artifacts.Figure` objects from :func:`build_figures`): ``cp-scaling`` (TFLOP/s per GPU against world size, scaling efficiency against
 sequence length) and ``cp-phases`` (computation, communication and exposed communication per rank).
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from dataclasses import replace
 
 import matplotlib
 
@@ -28,8 +28,9 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from attnbench.parallel.columns import BASELINE_KEYS, frame  # noqa: E402
-from attnbench.report.tables import (CASE_DIMS, FLOP_CONVENTION, MEASURED, Table, _cell_pivot,  # noqa: E402
-                                     device_text, fmt, status_table)
+from attnbench.report.artifacts import Figure, StageOutputs, Table, fmt, note_table  # noqa: E402
+from attnbench.report.tables import (CASE_DIMS, FLOP_CONVENTION, MEASURED, _cell_pivot, device_text,  # noqa: E402
+                                     status_table)
 
 TABLE_NAMES = ("cp_tflops", "cp_efficiency", "cp_phases", "cp_memory", "cp_numerics", "cp_status")
 FIGURE_NAMES = ("cp-scaling", "cp-phases")
@@ -60,17 +61,12 @@ def merge(parts: list[pd.DataFrame]) -> pd.DataFrame:
 def _keys(sub: pd.DataFrame, last: tuple[str, ...]) -> list[str]:
     """Case dims that vary, then mode and causal, then ``last`` (whose final key is the backend)."""
     varying = [d for d in CASE_DIMS if d not in ("mode", "causal", "page_size") and sub[d].nunique(dropna=False) > 1]
-    return ["mode", "causal", *varying, "workload", *last]
+    return ["mode", "causal", *varying, "packing", *last]
 
 
 def _caption(what: str, df: pd.DataFrame) -> str:
     return (f"{what}. {FLOP_CONVENTION}; packed documents count only the work inside a document. "
             f"Device: {device_text(df)}.")
-
-
-def _empty(name: str, caption: str, note: str) -> Table:
-    frame_ = pd.DataFrame({"note": [note]}).set_index("note")
-    return Table(name, caption, frame_, frame_)
 
 
 def _with_baseline_per_sharding(df: pd.DataFrame) -> pd.DataFrame:
@@ -91,7 +87,7 @@ def tflops_table(df: pd.DataFrame) -> Table:
                        "time / N) by world size N; the N=1 row is one GPU on the whole sequence, shown under "
                        "every sharding", df)
     if df.empty:
-        return _empty("cp_tflops", caption, "no context-parallel rows")
+        return note_table("cp_tflops", caption, "no context-parallel rows")
     sub = _with_baseline_per_sharding(df)
     values, display = _cell_pivot(sub, "tflops_per_gpu", _keys(sub, ("seq_kv", "sharding", "backend")),
                                   "world_size", "N")
@@ -103,7 +99,7 @@ def efficiency_table(df: pd.DataFrame) -> Table:
                        "1 = perfect strong scaling), in percent", df)
     sub = df[df["world_size"] > 1]
     if sub.empty or sub["scaling_efficiency"].isna().all():
-        return _empty("cp_efficiency", caption, "no row with an N=1 baseline")
+        return note_table("cp_efficiency", caption, "no row with an N=1 baseline")
     values, display = _cell_pivot(sub, "scaling_efficiency", _keys(sub, ("seq_kv", "sharding", "backend")),
                                   "world_size", "N", scale=100)
     return Table("cp_efficiency", caption, values, display)
@@ -122,7 +118,7 @@ def phases_table(df: pd.DataFrame) -> Table:
                        "are wall-clock times of gloo processes", df)
     sub = df[(df["world_size"] > 1) & df["status"].isin(MEASURED) & df["compute_ms_max"].notna()]
     if sub.empty:
-        return _empty("cp_phases", caption, "no serialised ring rows")
+        return note_table("cp_phases", caption, "no serialised ring rows")
     keys = _keys(sub, ("seq_kv", "world_size", "sharding", "backend"))
     values = sub.set_index(keys)[list(PHASE_COLUMNS)].sort_index()
     return Table("cp_phases", caption, values, values.map(fmt))
@@ -148,7 +144,7 @@ def memory_table(df: pd.DataFrame) -> Table:
                        "longest measured lengths, not measured; an oom cell is a measured failure)", df)
     sub = df[df["peak_mem_bytes"].notna() | (df["status"] == "oom")]
     if sub.empty:
-        return _empty("cp_memory", caption, "no rows with a measured peak memory (CUDA only)")
+        return note_table("cp_memory", caption, "no rows with a measured peak memory (CUDA only)")
     keys = _keys(sub, ("world_size", "sharding", "backend"))
     values, display = _cell_pivot(sub, "peak_mem_bytes", keys, "seq_kv", "S", scale=1 / GIB)
     fits = {}
@@ -169,26 +165,16 @@ def numerics_table(df: pd.DataFrame) -> Table:
                        "sharding and the log-sum-exp merge add)", df)
     sub = df[df["numerics_status"] == "checked"]
     if sub.empty:
-        return _empty("cp_numerics", caption, "no rows with numerics")
+        return note_table("cp_numerics", caption, "no rows with numerics")
     keys = _keys(sub, ("seq_kv", "world_size", "sharding", "backend"))
     values = sub.set_index(keys)[list(NUMERICS_COLUMNS)].sort_index()
     return Table("cp_numerics", caption, values, values.map(fmt))
 
 
 def build_tables(df: pd.DataFrame) -> list[Table]:
-    status = status_table(df) if len(df) else _empty("cp_status", "", "no rows")
-    status.name = "cp_status"
+    status = replace(status_table(df), name="cp_status") if len(df) else note_table(
+        "cp_status", "Rows per backend and status, with the reasons", "no context-parallel rows")
     return [tflops_table(df), efficiency_table(df), phases_table(df), memory_table(df), numerics_table(df), status]
-
-
-def write_tables(df: pd.DataFrame, folder: str | Path) -> dict:
-    folder = Path(folder)
-    index = {}
-    for table in build_tables(df):
-        paths = table.write(folder)
-        index[table.name] = {"caption": table.caption, "files": [p.name for p in paths]}
-    (folder / "index.json").write_text(json.dumps(index, indent=2))
-    return index
 
 
 def _no_data(ax, what: str, df: pd.DataFrame) -> None:
@@ -209,7 +195,7 @@ def _series(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _panels(ok: pd.DataFrame) -> list[tuple[str, bool]]:
-    dense = ok[ok["workload"] == "dense"]
+    dense = ok[ok["packing"] == "dense"]
     return sorted(set(zip(dense["mode"], dense["causal"].astype(bool))))
 
 
@@ -224,7 +210,7 @@ def scaling_figure(df: pd.DataFrame) -> plt.Figure:
         _no_data(axes[0, 0], "dense measured rows", df)
         _no_data(axes[1, 0], "dense rows with an N=1 baseline", df)
     for col, (mode, causal) in enumerate(panels):
-        rows = ok[(ok["mode"] == mode) & (ok["causal"] == causal) & (ok["workload"] == "dense")]
+        rows = ok[(ok["mode"] == mode) & (ok["causal"] == causal) & (ok["packing"] == "dense")]
         name = f"{mode}, {'causal' if causal else 'no mask'}"
         per_n = rows.groupby("seq_kv")["world_size"].nunique()
         longest = per_n[per_n == per_n.max()].index.max()
@@ -255,8 +241,8 @@ def phases_figure(df: pd.DataFrame) -> plt.Figure:
     computation, communication and exposed communication."""
     ok = _series(df)
     ok = ok[ok["compute_ms_max"].notna() & (ok["world_size"] > 1)]
-    if (ok["workload"] == "dense").any():
-        ok = ok[ok["workload"] == "dense"]
+    if (ok["packing"] == "dense").any():
+        ok = ok[ok["packing"] == "dense"]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     if ok.empty:
         _no_data(ax, "serialised ring rows", df)
@@ -276,17 +262,12 @@ def phases_figure(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def build_figures(df: pd.DataFrame) -> list[tuple[str, plt.Figure]]:
-    """(name, figure) of every figure of :data:`FIGURE_NAMES`; each renders with or without rows."""
-    return [("cp-scaling", scaling_figure(df)), ("cp-phases", phases_figure(df))]
+def build_figures(df: pd.DataFrame) -> list[Figure]:
+    """Every figure of :data:`FIGURE_NAMES` with its caption; each renders with or without rows."""
+    drawn = {"cp-scaling": scaling_figure(df), "cp-phases": phases_figure(df)}
+    return [Figure(name, FIGURE_CAPTIONS[name], drawn[name]) for name in FIGURE_NAMES]
 
 
-def write_figures(df: pd.DataFrame, folder: str | Path) -> list[Path]:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fig in build_figures(df):
-        paths.append(folder / f"{name}.png")
-        fig.savefig(paths[-1], dpi=130, bbox_inches="tight")
-        plt.close(fig)
-    return paths
+def build(df: pd.DataFrame) -> StageOutputs:
+    """The stage's report outputs from its merged rows (:func:`merge`): every table, then every figure."""
+    return StageOutputs(build_tables(df), build_figures(df))

@@ -1,11 +1,10 @@
-"""Figures of the hbm stage (seaborn): measured/modelled/minimum bytes, roofline, KV and training-step ledgers.
+"""Tables and figures of the hbm stage: measured against modelled and minimum bytes, the roofline at
+measured intensity, and the KV-cache and training-step byte ledgers.
 
-Each function draws from the tables alone and always writes its file; with no
-measured rows the axes say so (and why), so a CPU run renders the same set.
+:func:`build` reads ``results/<sweep>/hbm/{hbm,ledger}.parquet`` and returns every table and figure;
+with no measured rows (a CPU run) the tables and axes say so and why, so every run writes the same set.
 """
 from __future__ import annotations
-
-from pathlib import Path
 
 import matplotlib
 
@@ -15,7 +14,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-FIGURES = ("hbm-ratios.png", "roofline.png", "kv-ledger.png")
+from attnbench.report.artifacts import Figure, StageOutputs, Table, frame_table, note_table  # noqa: E402
+
+TABLE_NAMES = ("bytes", "kv_cache", "kv_measured", "train_step")
+FIGURE_NAMES = ("hbm-ratios", "roofline", "kv-ledger")
 
 
 def _tokens(n: int) -> str:
@@ -43,7 +45,7 @@ def _measured(hbm: pd.DataFrame) -> pd.DataFrame:
     return ok
 
 
-def ratio_figure(hbm: pd.DataFrame, path: Path) -> None:
+def ratio_figure(hbm: pd.DataFrame) -> plt.Figure:
     """Bars of bytes_measured over bytes_model and over bytes_min per (case, backend); 1 is the model."""
     ok = _measured(hbm)
     if not len(ok):
@@ -64,11 +66,10 @@ def ratio_figure(hbm: pd.DataFrame, path: Path) -> None:
         grid.set_titles("{row_name}")
         grid.figure.suptitle("DRAM bytes (Nsight Compute) against the byte model", y=1.02)
         fig = grid.figure
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
+    return fig
 
 
-def roofline_figure(hbm: pd.DataFrame, path: Path) -> None:
+def roofline_figure(hbm: pd.DataFrame) -> plt.Figure:
     """Each (case, backend) at its measured intensity and achieved FLOP/s, under the host's measured ceilings."""
     ok = _measured(hbm)
     timed = ok[ok["gbps_measured"].notna() & ok["peak_flops"].notna()] if len(ok) else ok
@@ -89,11 +90,10 @@ def roofline_figure(hbm: pd.DataFrame, path: Path) -> None:
         ax.set(xscale="log", yscale="log", xlabel="FLOP per DRAM byte (measured)", ylabel="achieved FLOP/s",
                title="Roofline at measured intensity (ceilings measured on this host)")
         ax.legend(fontsize=7, loc="lower right")
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
+    return fig
 
 
-def ledger_figure(ledger: pd.DataFrame, path: Path) -> None:
+def ledger_figure(ledger: pd.DataFrame) -> plt.Figure:
     """KV bytes/token/layer per layout and dtype; decode time per step vs context; attention bytes per step."""
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     kv = ledger[ledger["table"] == "kv_cache"].drop_duplicates(["name", "dtype"])
@@ -120,15 +120,81 @@ def ledger_figure(ledger: pd.DataFrame, path: Path) -> None:
                 title=f"Attention bytes per training step ({sub})")
     axes[2].tick_params(axis="x", rotation=30)
     fig.tight_layout()
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
+    return fig
 
 
-def write_figures(hbm: pd.DataFrame, ledger: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / name for name in FIGURES]
-    ratio_figure(hbm, paths[0])
-    roofline_figure(hbm, paths[1])
-    ledger_figure(ledger, paths[2])
-    return paths
+def _why(df: pd.DataFrame) -> str:
+    reasons = df["reason"].dropna().astype(str) if "reason" in df else pd.Series(dtype=str)
+    return reasons.value_counts().index[0][:160] if len(reasons) else "no rows"
+
+
+BYTES_COLUMNS = ["status", "bytes_min", "bytes_model", "bytes_measured", "ratio_measured_model", "ratio_measured_min",
+                 "ratio_read_min", "ratio_written_min", "ms_median", "intensity_measured", "bound_measured"]
+
+
+def bytes_table(hbm: pd.DataFrame) -> Table:
+    caption = ("DRAM bytes per call measured by Nsight Compute (dram__bytes_read.sum + dram__bytes_write.sum over "
+               "the call's kernels) against the byte model (bytes_model: what the backend's algorithm moves) and "
+               "the minimum (bytes_min: each input read once, each output written once), per case and backend.")
+    ok = _measured(hbm)
+    if not len(ok):
+        return note_table("bytes", caption, f"no measured HBM bytes: {_why(hbm)}")
+    columns = [c for c in BYTES_COLUMNS if c in ok]
+    return frame_table("bytes", caption, ok.set_index(["case", "backend"])[columns])
+
+
+KV_COLUMNS = ["name", "dtype", "formula", "elements_per_token_layer", "bytes_per_token_layer", "bytes_per_token_model",
+              "vs_mha", "gqa_equivalent_groups"]
+
+
+def kv_cache_table(ledger: pd.DataFrame) -> Table:
+    kv = ledger[ledger["table"] == "kv_cache"]
+    caption = ("KV-cache bytes per token per layer and per token of the whole model, per head layout and cache dtype "
+               "(DeepSeek-V2 Table 1: MHA 2·n_h·d_h, GQA 2·n_g·d_h, MQA 2·d_h, MLA d_c + d_h^R elements), against "
+               "MHA's, and MLA as GQA-equivalent groups.")
+    if kv.empty:
+        return note_table("kv_cache", caption, "no KV-cache rows in the ledger")
+    return frame_table("kv_cache", caption, kv[[c for c in KV_COLUMNS if c in kv]].set_index(["name", "dtype"]))
+
+
+def kv_measured_table(ledger: pd.DataFrame) -> Table:
+    rows = ledger[ledger["table"] == "kv_measured"]
+    caption = ("The KV formulas checked on decode kernels: measured DRAM bytes read per cached token per layer "
+               "over the formula's bytes, the decode time per step and its fraction of the measured copy bandwidth.")
+    ok = rows[rows["status"] == "ok"] if len(rows) else rows
+    if ok.empty:
+        return note_table("kv_measured", caption, f"no measured decode rows: {_why(rows)}")
+    columns = [c for c in ("status", "measured_bytes_per_token_layer", "bytes_per_token_layer", "ratio_measured_formula",
+                           "decode_ms_per_step", "decode_us_per_token", "frac_of_bw") if c in ok]
+    return frame_table("kv_measured", caption, ok.set_index(["name", "backend", "seq_kv"])[columns])
+
+
+def train_step_table(ledger: pd.DataFrame) -> Table:
+    train = ledger[ledger["table"] == "pretrain"]
+    caption = ("Attention HBM bytes per training step of the ledger's model shape (forward and forward+backward per "
+               "layer, per step over every layer, per token), per head layout and backend family (fused kernels "
+               "move Q, K, V, O; eager and math add their passes over the scores).")
+    if train.empty:
+        return note_table("train_step", caption, "no training-step rows in the ledger")
+    columns = [c for c in ("batch", "seq", "layers", "bytes_fwd_layer", "bytes_fwd_bwd_layer", "bytes_per_step",
+                           "bytes_per_token_step", "flops_per_step", "intensity") if c in train]
+    return frame_table("train_step", caption, train.set_index(["name", "family"])[columns])
+
+
+FIGURE_CAPTIONS = {
+    "hbm-ratios": "Measured DRAM bytes over modelled and over minimum bytes per (case, backend), log scale; 1 is "
+                  "the model.",
+    "roofline": "Each (case, backend) at its measured intensity (FLOPs per measured DRAM byte) and achieved FLOP/s, "
+                "under the ceilings measured on this host.",
+    "kv-ledger": "KV-cache bytes per token per layer by layout and dtype; decode time per step against context; "
+                 "attention bytes per training step by layout and backend family.",
+}
+
+
+def build(hbm: pd.DataFrame, ledger: pd.DataFrame) -> StageOutputs:
+    """Every table and figure of the hbm stage, from the merged hbm rows and the ledger."""
+    tables = [bytes_table(hbm), kv_cache_table(ledger), kv_measured_table(ledger), train_step_table(ledger)]
+    figures = [Figure("hbm-ratios", FIGURE_CAPTIONS["hbm-ratios"], ratio_figure(hbm)),
+               Figure("roofline", FIGURE_CAPTIONS["roofline"], roofline_figure(hbm)),
+               Figure("kv-ledger", FIGURE_CAPTIONS["kv-ledger"], ledger_figure(ledger))]
+    return StageOutputs(tables, figures)

@@ -1,9 +1,9 @@
-"""Paper-style tables (Markdown, LaTeX, CSV through :class:`attnbench.report.tables.Table`) and figures
-for the four pretraining experiments, from the frames :func:`attnbench.train.experiments.run_experiment` wrote.
+"""Paper-style tables and figures of the four pretraining experiments, from the frames
+:func:`attnbench.train.experiments.run_experiment` wrote (``results/<sweep>/pretrain/<experiment>/``).
 
-``render(name, exp_dir, out_dir)`` writes ``out_dir/tables/<table>.{md,tex,csv}`` and
-``out_dir/figures/<name>.png``; a figure with nothing to show says so instead of failing,
-so a rule's declared outputs always exist.
+:func:`build` returns the tables (:data:`OUTPUTS`, grouped by experiment) and one figure per
+experiment, named after it, for :func:`attnbench.report.artifacts.write_stage`; a figure with nothing
+to show says so instead of failing, so a rule's declared outputs always exist.
 """
 from __future__ import annotations
 
@@ -16,22 +16,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from attnbench.files import read_parquet  # noqa: E402
+from attnbench.report.artifacts import Figure, StageOutputs, Table, fmt  # noqa: E402
 from attnbench.report.figures import placeholder  # noqa: E402
-from attnbench.report.tables import Table, fmt  # noqa: E402
 from attnbench.train import experiments as ex  # noqa: E402
 
-DPI = 110
-# Tables each experiment writes (always, so workflow rules can declare them); the figure is <experiment>.png.
+# Tables each experiment writes (always, so workflow rules can declare them); its figure is named after it.
 OUTPUTS = {"divergence": ("divergence", "divergence_loss", "divergence_numerics"),
            "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity"),
            "fp8": ("fp8", "fp8_scales"), "layouts": ("layouts",)}
-TABLE_FORMATS = ("md", "tex", "csv")
-
-
-def report_files(folder: str, experiment: str) -> list[str]:
-    """The tables and figure :func:`render` writes for ``experiment`` under ``folder`` (workflow outputs)."""
-    tables = [f"{folder}/tables/{t}.{ext}" for t in OUTPUTS[experiment] for ext in TABLE_FORMATS]
-    return tables + [f"{folder}/figures/{experiment}.png"]
+FIGURE_CAPTIONS = {
+    "divergence": "Weight divergence from the reference run over training (max abs, relative L2, W1) for runs that "
+                  "differ only in attention backend, seed or precision (Golden et al. 2024); without weight "
+                  "snapshots, each swap's per-step training-loss gap to the reference.",
+    "lr_sensitivity": "Final validation loss against learning rate per variant, and the largest attention logit over "
+                      "the steps at the highest learning rate (Wortsman et al. 2023).",
+    "fp8": "Training loss per FP8 recipe against bf16, and the share of gradient elements that round to 0 in FP8.",
+    "layouts": "Head layouts at matched parameters: final validation loss against tokens/s (marker size: KV-cache "
+               "bytes per token), and KV-cache bytes per token (bf16).",
+}
 
 
 def _table(name: str, caption: str, values: pd.DataFrame) -> Table:
@@ -198,21 +201,26 @@ def layouts_outputs(runs, steps) -> tuple[list[Table], plt.Figure]:
     return tables, fig
 
 
-def render(name: str, exp_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Tables and the figure of experiment ``name`` from ``exp_dir``'s parquet files into ``out_dir``."""
-    exp_dir, out_dir = Path(exp_dir), Path(out_dir)
-    runs = pd.read_parquet(exp_dir / "runs.parquet")
-    steps = pd.read_parquet(exp_dir / "steps.parquet")
+def experiment_outputs(name: str, exp_dir: str | Path) -> tuple[list[Table], Figure]:
+    """The tables and the figure of experiment ``name`` from ``exp_dir``'s parquet files."""
+    exp_dir = Path(exp_dir)
+    runs = read_parquet(exp_dir / "runs.parquet")
+    steps = read_parquet(exp_dir / "steps.parquet")
     if name == "divergence":
-        tables, fig = divergence_outputs(runs, steps, pd.read_parquet(exp_dir / "divergence.parquet"),
-                                         pd.read_parquet(exp_dir / "numerics.parquet"))
+        tables, fig = divergence_outputs(runs, steps, read_parquet(exp_dir / "divergence.parquet"),
+                                         read_parquet(exp_dir / "numerics.parquet"))
     else:
         tables, fig = {"lr_sensitivity": lr_outputs, "fp8": fp8_outputs, "layouts": layouts_outputs}[name](runs, steps)
-    paths = []
     for table in tables:
-        paths += table.write(out_dir / "tables")
-    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
-    figure = out_dir / "figures" / f"{name}.png"
-    fig.savefig(figure, dpi=DPI)
-    plt.close(fig)
-    return paths + [figure]
+        table.group = name
+    return tables, Figure(name, FIGURE_CAPTIONS[name], fig, group=name)
+
+
+def build(experiments: dict[str, Path]) -> StageOutputs:
+    """Every experiment's tables and figure (experiment name -> the folder ``attnbench experiment run`` wrote)."""
+    outputs = StageOutputs()
+    for name, exp_dir in experiments.items():
+        tables, figure = experiment_outputs(name, exp_dir)
+        outputs.tables += tables
+        outputs.figures.append(figure)
+    return outputs

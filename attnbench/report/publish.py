@@ -1,4 +1,5 @@
-"""Log a finished sweep to Weights & Biases: tables, figures, the results artifact, config and provenance.
+"""Log a finished sweep to Weights & Biases: every stage's tables and figures, one results artifact,
+config and provenance, and a W&B Report with the executed report's sections.
 
 Snakemake owns the sweep; W&B only records it (W&B sweeps need a server).
 Mode: ``$WANDB_MODE`` when set, else ``online`` when ``$WANDB_API_KEY`` is
@@ -8,11 +9,18 @@ The key is read by wandb itself from the environment; this module never reads
 its value, logs it or writes it (run config holds the sweep config and the
 provenance files only).
 
-Logged: every aggregated table as a ``wandb.Table`` (``tables/<name>``), the
-full results as ``tables/results``, every figure as a ``wandb.Image``
-(``figures/<name>``), a ``results`` artifact (merged parquet, tables, figures,
-environment files), and run config ``{"sweep": <effective config>,
-"provenance": <versions.json>, "ceilings": <ceilings.json>}``.
+Logged, for every stage with an index (``<stage>/tables/index.json``; ``env`` first):
+
+* each table as a ``wandb.Table`` under ``<stage>/<table>`` (from its CSV), its caption in the
+  run summary under ``captions/<stage>/<table>``;
+* each figure as a ``wandb.Image`` under ``<stage>/figures/<figure>``, with its caption;
+* ``microbench/results``: every joined microbench row;
+* one ``results`` artifact: every stage's folder of tables and figures, the joined rows, the env files;
+* run config ``{"sweep": <effective config>, "provenance": <versions.json>, "ceilings": <ceilings.json>}``.
+
+The W&B Report (:mod:`attnbench.report.wandb_report`) has the report's sections, each with its
+tables and figures; online it is saved, offline its spec is written into the run's files
+(``report-spec.json``, uploaded by ``wandb sync``) for ``attnbench wandb-report`` to build later.
 """
 from __future__ import annotations
 
@@ -22,6 +30,10 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+
+from attnbench.report import stages as report_stages
+from attnbench.report.artifacts import read_index
+from attnbench.workflow import paths
 
 
 def wandb_mode() -> str:
@@ -41,46 +53,93 @@ def _table(df: pd.DataFrame):
     return wandb.Table(dataframe=df, allow_mixed_types=True)
 
 
-def publish(results_dir: str | Path, env_dir: str | Path, out: str | Path, *, project: str, entity: str | None = None,
-            tags: list[str] | None = None) -> dict:
-    """Log the sweep in ``results_dir``; write a JSON receipt to ``out`` and return it."""
-    results_dir, env_dir = Path(results_dir), Path(env_dir)
+def stage_indexes(results_dir: Path, stages: list[str] | None) -> dict[str, dict]:
+    """The indexes to publish, env first, in report order: the named stages, else every one that wrote its index."""
+    order = ["env", *[s for s in report_stages.STAGE_REPORTS if s != "env"]]
+    wanted = order if not stages else ["env", *[s for s in order if s in stages]]
+    out = {}
+    for stage in wanted:
+        path = paths.within(results_dir, paths.STAGE_INDEX, stage=stage)
+        if path.is_file() or stages:
+            out[stage] = read_index(path)
+    return out
+
+
+def logged_items(results_dir: Path, indexes: dict[str, dict]) -> tuple[dict, dict]:
+    """``{key: wandb object}`` for run.log and ``{key: caption}`` for every table and figure."""
+    import wandb
+
+    logged, captions = {}, {}
+    for stage, index in indexes.items():
+        stage_dir = paths.within(results_dir, paths.STAGE_DIR, stage=stage)
+        for entry in index["tables"]:
+            key = f"{stage}/{entry['name']}"
+            logged[key] = _table(pd.read_csv(stage_dir / entry["files"]["csv"]))
+            captions[key] = entry["caption"]
+        for entry in index["figures"]:
+            key = f"{stage}/figures/{entry['name']}"
+            logged[key] = wandb.Image(str(stage_dir / entry["files"]["png"]), caption=entry["caption"])
+            captions[key] = entry["caption"]
+    merged = paths.within(results_dir, paths.MERGED)
+    if "microbench" in indexes and merged.is_file():
+        logged["microbench/results"] = _table(pd.read_parquet(merged))
+        captions["microbench/results"] = "Every (case, backend) row of the sweep's microbenchmarks."
+    return logged, captions
+
+
+def publish(results_dir: str | Path, out: str | Path, *, project: str, stages: list[str] | None = None,
+            entity: str | None = None, tags: list[str] | None = None) -> dict:
+    """Log the sweep in ``results_dir`` (``results/<sweep>``); write a JSON receipt to ``out`` and return it."""
+    from attnbench.report.wandb_report import report_spec, save_spec
+
+    results_dir = Path(results_dir)
+    env_dir = paths.within(results_dir, paths.ENV)
     wandb_dir = results_dir / "wandb"
     wandb_dir.mkdir(parents=True, exist_ok=True)
     for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", ".cache"), ("WANDB_DATA_DIR", ".data")):
         os.environ.setdefault(var, str((wandb_dir / sub).resolve()))
     import wandb
 
+    from attnbench.files import read_json
+
     config = yaml.safe_load((env_dir / "config.yaml").read_text())
-    provenance = json.loads((env_dir / "versions.json").read_text())
-    ceilings = json.loads((env_dir / "ceilings.json").read_text())
-    merged = pd.read_parquet(results_dir / "microbench.parquet")
-    tables_dir, figures_dir = results_dir / "microbench" / "tables", results_dir / "microbench" / "figures"
-    index = json.loads((tables_dir / "index.json").read_text())
+    provenance = read_json(env_dir / "versions.json", "versions file (attnbench env)")
+    ceilings = read_json(env_dir / "ceilings.json", "ceilings file (attnbench ceilings)")
+    indexes = stage_indexes(results_dir, stages)
     mode = wandb_mode()
     run = wandb.init(project=project, entity=entity, mode=mode, dir=os.environ["WANDB_DIR"],
-                     job_type="microbench-sweep", name=f"{config['sweep']}-{provenance.get('git_sha', 'unknown')}",
+                     job_type="sweep", name=f"{config['sweep']}-{provenance.get('git_sha', 'unknown')}",
                      tags=[config["sweep"], config["device"], *(tags or [])],
                      config={"sweep": config, "provenance": provenance, "ceilings": ceilings})
-    logged = {"tables/results": _table(merged)}
-    for name, entry in index.items():
-        logged[f"tables/{name}"] = _table(pd.read_csv(tables_dir / f"{name}.csv"))
-        run.summary[f"captions/{name}"] = entry["caption"]
-    for png in sorted(figures_dir.glob("*.png")):
-        logged[f"figures/{png.stem}"] = wandb.Image(str(png))
+    logged, captions = logged_items(results_dir, indexes)
     run.log(logged)
-    counts = merged.groupby("status").size().to_dict()
-    run.summary.update({"rows": len(merged), **{f"rows_{k}": int(v) for k, v in counts.items()}})
+    run.summary.update({f"captions/{key}": text for key, text in captions.items()})
     artifact = wandb.Artifact(f"attnbench-{config['sweep']}", type="results",
-                              description="attnbench microbench results, tables, figures and environment")
-    artifact.add_file(str(results_dir / "microbench.parquet"))
-    artifact.add_dir(str(tables_dir), name="tables")
-    artifact.add_dir(str(figures_dir), name="figures")
-    artifact.add_dir(str(env_dir), name="env")
+                              description="attnbench sweep: every stage's tables and figures, the joined rows, "
+                                          "the environment")
+    for stage in indexes:
+        artifact.add_dir(str(paths.within(results_dir, paths.STAGE_TABLES, stage=stage)), name=f"{stage}/tables")
+        figures = paths.within(results_dir, paths.STAGE_FIGURES, stage=stage)
+        if figures.is_dir():
+            artifact.add_dir(str(figures), name=f"{stage}/figures")
+    merged = paths.within(results_dir, paths.MERGED)
+    if merged.is_file():
+        artifact.add_file(str(merged))
+    for name in ("config.yaml", "versions.json", "ceilings.json"):
+        artifact.add_file(str(env_dir / name), name=f"env/{name}")
     run.log_artifact(artifact)
+    spec = report_spec(indexes, captions, project=project, entity=entity, sweep=config["sweep"], run_name=run.name)
+    spec_path = Path(run.dir) / "report-spec.json"
+    save_spec(spec, spec_path)
+    report_url = None
+    if mode == "online":
+        from attnbench.report.wandb_report import build_report
+
+        report_url = build_report(spec, entity=run.entity).save().url
     receipt = {"mode": mode, "project": project, "entity": entity, "run_id": run.id, "run_name": run.name,
-               "run_dir": os.path.relpath(run.dir, Path.cwd()), "logged": sorted(logged),
-               "artifact": artifact.name, "url": run.url if mode == "online" else None,
+               "run_dir": os.path.relpath(run.dir, Path.cwd()), "stages": list(indexes), "logged": sorted(logged),
+               "artifact": artifact.name, "report_spec": os.path.relpath(spec_path, Path.cwd()),
+               "report_url": report_url, "url": run.url if mode == "online" else None,
                "sync": None if mode == "online" else f"wandb sync {os.path.relpath(Path(run.dir).parent, Path.cwd())}"}
     run.finish()
     Path(out).write_text(json.dumps(receipt, indent=2))

@@ -1,4 +1,4 @@
-"""Paper-style tables from the joined results: Markdown, LaTeX (booktabs) and CSV.
+"""The microbench stage's paper-style tables from the joined results (written by :mod:`attnbench.report.artifacts`).
 
 Each table is a :class:`Table`: a numeric frame (for CSV and for anyone who
 recomputes), a display frame (numbers at three significant digits; a cell with
@@ -6,62 +6,65 @@ no measurement shows the row's status instead, so an unavailable backend is a
 visible row, never a missing one) and a caption that states the FLOP
 convention (:mod:`attnbench.bench.conventions`) and the device.
 
+Numbers from timing carry their 95% interval, ``value [low, high]`` (a rate's interval is its
+time's, inverted: :mod:`attnbench.bench.stats`), and a dagger (†) when the row's job drifted
+(``drift_flag``). A backend is named faster than another only when their ratio's interval excludes
+1 and the ratio exceeds ``1 + report.min_margin`` (:func:`claim`); otherwise the table says
+"tie within noise".
+
 Tables
   tflops        TFLOP/s per backend x context length (prefill modes, the reference shape)
   frac_peak     % of the measured roofline at each case's intensity, same cells
-  err_ratio     error against fp64 relative to sdpa-math's, per backend x dtype (median and worst)
+  err_ratio     the numerics gate's ratio (error over eager's in the same dtype), median and worst per
+                backend x dtype, beside the error over the best fused backend's
   decode_gbps   decode bandwidth (bytes_model / time) per layout x backend x KV length
-  winners       the fastest backend of every case, its margin, and its roofline side
+  winners       the fastest backend of every case, its margin with its interval, the claim, its roofline side
+  pairs         for every case, the fastest backend against each backend timed beside it (paired ratios)
   status        rows per backend and status, with a reason for each kind of failure
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
+import math
+from dataclasses import dataclass, field
 
 import pandas as pd
 
+from attnbench.bench import stats
+from attnbench.bench.numerics import FP8_REL_ERR_BOUND
 from attnbench.bench.results import STATUSES
+from attnbench.config import load_schema
+from attnbench.report.artifacts import Table, fmt, note_table
 
 PREFILL = ("fwd", "fwd_bwd")
 MEASURED = ("ok", "numerics_fail")  # rows that carry a time
 # Case fields that can tell two rows of one table cell apart (seq is the column).
 CASE_DIMS = ("mode", "layout", "batch", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "causal", "dtype",
              "page_size")
-FLOP_CONVENTION = ("FLOPs = 2·B·Hq·Sq·avg_kv·(D_qk + D_v), causal avg_kv = (max(0, Skv − Sq) + Skv)/2 "
-                   "(bottom-right aligned), fwd_bwd = 3.5 × fwd; query heads count, KV heads do not "
-                   "(flash-attention benchmark convention)")
-TABLE_NAMES = ("tflops", "frac_peak", "err_ratio", "decode_gbps", "winners", "status")
-FORMATS = ("md", "tex", "csv")
+FLOP_CONVENTION = ("FLOPs = 2·B·Hq·Sq·avg_kv·(D_qk + D_v), causal avg_kv = Skv − Sq/2 + 1/2 (bottom-right "
+                   "aligned, the diagonal counted exactly: half a key per row more than flash-attention's "
+                   "benchmarks count), fwd_bwd = 3.5 × fwd; query heads count, KV heads do not")
+NOISE_CONVENTION = ("[low, high]: 95% interval of the median over rounds (two-level bootstrap); † the row's job "
+                    "drifted by more than 3% (drift_flag)")
+DRIFT_MARK = "†"
+TIE = "tie within noise"
+DEFAULT_MIN_MARGIN = load_schema("report")["properties"]["min_margin"]["default"]  # report.min_margin's default
+TABLE_NAMES = ("tflops", "frac_peak", "err_ratio", "decode_gbps", "winners", "pairs", "status")
 
 
-@dataclass
-class Table:
-    name: str
-    caption: str
-    values: pd.DataFrame  # numeric cells (status words where there is no number); index = row keys
-    display: pd.DataFrame  # formatted cells, same shape
-
-    def write(self, folder: str | Path) -> list[Path]:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = [folder / f"{self.name}.{ext}" for ext in FORMATS]
-        paths[0].write_text(to_markdown(self))
-        paths[1].write_text(to_latex(self))
-        self.values.reset_index().to_csv(paths[2], index=False)
-        return paths
+def interval_text(value, low, high, drift=False) -> str:
+    """``653 [648, 660]``, with † for a drift-flagged job; the bare value where there is no interval."""
+    text = fmt(value)
+    if text and isinstance(low, (int, float)) and isinstance(high, (int, float)) and math.isfinite(low) \
+            and math.isfinite(high):
+        text += f" [{fmt(low)}, {fmt(high)}]"
+    return text + (DRIFT_MARK if text and drift else "")
 
 
-def fmt(value) -> str:
-    """Three significant digits, whole numbers from 1000 up (4210, not 4.21e+03); words and empty cells pass through."""
-    if isinstance(value, str):
-        return value
-    if value is None or pd.isna(value):
-        return ""
-    if 1000 <= abs(value) < 1e7:
-        return f"{value:.0f}"
-    return f"{value:.3g}"
+def rate_interval(df: pd.DataFrame, rate: str) -> tuple[pd.Series, pd.Series]:
+    """(low, high) of a rate inversely proportional to time (TFLOP/s, GB/s, share of roofline) from ms_ci_*."""
+    ms = pd.to_numeric(df["ms_median"], errors="coerce")
+    value = pd.to_numeric(df[rate], errors="coerce")
+    return value * ms / df["ms_ci_high"], value * ms / df["ms_ci_low"]
 
 
 def device_text(df: pd.DataFrame) -> str:
@@ -94,6 +97,21 @@ def _most_common(series: pd.Series):
     return max(top)
 
 
+def ragged(df: pd.DataFrame) -> pd.Series:
+    """Rows of ragged batches: fewer real tokens than the batch padded to its longest sequence."""
+    def short(tokens: str, seq: str) -> pd.Series:
+        if tokens not in df:
+            return pd.Series(False, index=df.index)
+        return (pd.to_numeric(df[tokens], errors="coerce") < df["batch"] * df[seq]).fillna(False).astype(bool)
+    return short("tokens_q", "seq_q") | short("tokens_kv", "seq_kv")
+
+
+def grid_cases(df: pd.DataFrame) -> pd.Series:
+    """Rows of equal-length batches without a variant (frames from before those columns count as such)."""
+    variant = df["variant"].fillna("none") if "variant" in df else pd.Series("none", index=df.index)
+    return ~ragged(df) & (variant == "none")
+
+
 def reference_slice(df: pd.DataFrame, modes: tuple[str, ...], by_layout: bool) -> tuple[pd.DataFrame, str]:
     """Rows of ``modes`` at one reference shape; returns them and a caption fragment describing the shape.
 
@@ -101,9 +119,10 @@ def reference_slice(df: pd.DataFrame, modes: tuple[str, ...], by_layout: bool) -
     length, see :func:`_batch_slice`) and query heads. Prefill tables hold one
     layout (MHA where present) so each cell is one case; ``by_layout`` keeps
     every layout as a row key instead (decode), MLA exempt from the head-dim
-    choice since its dims come from the latent rank.
+    choice since its dims come from the latent rank. Only grid cases count: ragged batches and
+    attention variants have their own tables (:mod:`attnbench.report.workloads`).
     """
-    sub = df[df["mode"].isin(modes)]
+    sub = df[df["mode"].isin(modes) & grid_cases(df)]
     if sub.empty:
         return sub, ""
     parts = []
@@ -154,18 +173,23 @@ def _cell_pivot(sub: pd.DataFrame, value: str, keys: list[str], column: str, lab
                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pivot to (keys) x column; a cell without a measured value shows its row's status.
 
-    Only combinations present in the rows appear (no empty cartesian rows); a
-    row that failed the numerics gate keeps its number, marked in the display.
+    Only combinations present in the rows appear (no empty cartesian rows); a row that failed the
+    numerics gate keeps its number, marked in the display. Displayed numbers carry their interval
+    (:func:`rate_interval`) and the drift mark.
     """
-    sub = sub.assign(_v=pd.to_numeric(sub[value], errors="coerce") * scale,
-                     _fail=sub["status"] == "numerics_fail")
-    sub.loc[~sub["status"].isin(MEASURED), "_v"] = float("nan")
+    low, high = rate_interval(sub, value)
+    sub = sub.assign(_v=pd.to_numeric(sub[value], errors="coerce") * scale, _lo=low * scale, _hi=high * scale,
+                     _fail=sub["status"] == "numerics_fail", _drift=sub["drift_flag"].fillna(False).astype(bool))
+    sub.loc[~sub["status"].isin(MEASURED), ["_v", "_lo", "_hi"]] = float("nan")
     backends = list(dict.fromkeys(sub["backend"]))
-    cells = sub.groupby(keys + [column], observed=True, sort=True).agg(
-        v=("_v", "max"), status=("status", "first"), fail=("_fail", "any"))
+    cells = sub.sort_values("_v", ascending=False).groupby(keys + [column], observed=True, sort=True).agg(
+        v=("_v", "first"), lo=("_lo", "first"), hi=("_hi", "first"), status=("status", "first"),
+        fail=("_fail", "any"), drift=("_drift", "any"))
     numbers = cells["v"].astype(object).where(cells["v"].notna(), cells["status"])
     values = numbers.unstack(column).fillna("")
-    display = cells["v"].map(fmt).where(cells["v"].notna(), cells["status"])
+    text = pd.Series([interval_text(v, lo, hi, d) for v, lo, hi, d in zip(cells["v"], cells["lo"], cells["hi"],
+                                                                          cells["drift"])], index=cells.index)
+    display = text.where(cells["v"].notna(), cells["status"])
     display = display.where(~cells["fail"], display + " (numerics_fail)").unstack(column).fillna("")
     order = sorted(values.index, key=lambda k: (tuple(str(x) for x in k[:-1]), backends.index(k[-1])))
     values, display = values.loc[order], display.loc[order]
@@ -173,8 +197,8 @@ def _cell_pivot(sub: pd.DataFrame, value: str, keys: list[str], column: str, lab
     return values, display
 
 
-def _caption(what: str, shape: str, df: pd.DataFrame, extra: str = "") -> str:
-    parts = [what + (f"; {shape}" if shape else ""), FLOP_CONVENTION]
+def _caption(what: str, shape: str, df: pd.DataFrame, extra: str = "", timed: bool = True) -> str:
+    parts = [what + (f"; {shape}" if shape else ""), FLOP_CONVENTION] + ([NOISE_CONVENTION] if timed else [])
     if extra:
         parts.append(extra)
     parts.append(f"Device: {device_text(df)}")
@@ -182,8 +206,7 @@ def _caption(what: str, shape: str, df: pd.DataFrame, extra: str = "") -> str:
 
 
 def _empty(name: str, caption: str, note: str) -> Table:
-    frame = pd.DataFrame({"note": [note]}).set_index("note")
-    return Table(name, caption, frame, frame)
+    return note_table(name, caption, note)
 
 
 def tflops_table(df: pd.DataFrame) -> Table:
@@ -218,59 +241,172 @@ def decode_table(df: pd.DataFrame) -> Table:
 
 
 def err_ratio_table(df: pd.DataFrame) -> Table:
-    caption = _caption("Output error against an fp64 reference relative to sdpa-math's in the same dtype "
-                       "(err_ratio_vs_math; 1 = as accurate as PyTorch math), median and worst over the "
-                       "sweep's cases; the pass/fail gate is flash-attention's rule, at most 2x plain "
-                       "PyTorch (eager) in the same dtype", "", df)
-    sub = df[df["status"].isin(MEASURED)].dropna(subset=["err_ratio_vs_math"])
+    """The gate's ratio (error over eager's in the same dtype) and the ratio to the best fused backend's."""
+    limits = pd.to_numeric(df["max_err_ratio"], errors="coerce").dropna()
+    limit = fmt(limits.max()) if len(limits) else "max_err_ratio"
+    caption = _caption(f"Numerical error against an fp64 reference. vs eager: the gate, worst error (output and "
+                       f"gradients) over plain PyTorch's (eager) in the same dtype, at most {limit}x "
+                       "(flash-attention's test rule; err_ratio_vs_eager): median (max) over the sweep's cases. "
+                       "vs best fused: over the most accurate fused backend of the same case and dtype "
+                       "(err_ratio_vs_best_fused), median. fp8 backends are gated on their error against fp64, "
+                       f"at most {FP8_REL_ERR_BOUND:g} (twice e4m3's unit roundoff), instead", "", df, timed=False)
+    sub = df[df["status"].isin(MEASURED)].dropna(subset=["err_ratio_vs_eager"])
     if sub.empty:
         return _empty("err_ratio", caption, "no rows with numerics in this sweep")
-    stats = sub.groupby(["backend", "dtype"], observed=True)["err_ratio_vs_math"].agg(["median", "max", "size"])
+    stats_ = sub.groupby(["backend", "dtype"], observed=True).agg(
+        vs_eager_median=("err_ratio_vs_eager", "median"), vs_eager_max=("err_ratio_vs_eager", "max"),
+        vs_best_fused_median=("err_ratio_vs_best_fused", "median"), rel_err_max=("rel_err", "max"),
+        size=("err_ratio_vs_eager", "size"), fp8=("compute_dtype", lambda c: bool((c == "fp8").any())))
     backends = list(dict.fromkeys(df["backend"]))
-    values = stats.unstack("dtype")
+    values = stats_.drop(columns="fp8").unstack("dtype")
     values.columns = [f"{dtype} {stat}" for stat, dtype in values.columns]
-    values = values.reindex(sorted(values.columns, key=lambda c: (c.split()[0], c.split()[1])), axis=1)
+    order = ["vs_eager_median", "vs_eager_max", "vs_best_fused_median", "rel_err_max", "size"]
+    values = values.reindex(sorted(values.columns, key=lambda c: (c.split()[0], order.index(c.split()[1]))), axis=1)
     values = values.reindex([b for b in backends if b in values.index])
     values.index.name = "backend"
+    fp8 = stats_["fp8"].groupby(level="backend").any()
     display = pd.DataFrame(index=values.index)
     for dtype in dict.fromkeys(c.split()[0] for c in values.columns):
-        med, worst, n = values[f"{dtype} median"], values[f"{dtype} max"], values[f"{dtype} size"]
-        display[dtype] = [f"{fmt(m)} (max {fmt(w)}, n={int(k)})" if pd.notna(m) else ""
-                          for m, w, k in zip(med, worst, n)]
+        cells = []
+        for backend in values.index:
+            get = lambda stat: values.loc[backend, f"{dtype} {stat}"]  # noqa: E731
+            if pd.isna(get("vs_eager_median")):
+                cells.append("")
+            elif fp8.get(backend, False):
+                cells.append(f"rel_err max {fmt(get('rel_err_max'))} (fp8 bound {FP8_REL_ERR_BOUND:g}), "
+                             f"{fmt(get('vs_eager_median'))}x eager, n={int(get('size'))}")
+            else:
+                cells.append(f"{fmt(get('vs_eager_median'))} (max {fmt(get('vs_eager_max'))}); "
+                             f"vs best fused {fmt(get('vs_best_fused_median'))}; n={int(get('size'))}")
+        display[dtype] = cells
     return Table("err_ratio", caption, values, display)
 
 
-def winners_table(df: pd.DataFrame) -> Table:
-    """Per case: fastest backend, runner-up, speedup, and the winner's bound and fraction of roofline."""
-    caption = _caption("Fastest backend per case (highest TFLOP/s among rows that passed numerics), its margin "
-                       "over the runner-up, and which roofline ceiling bounds it (memory: intensity below the "
-                       "ridge point; compute: above; latency: under 20% of both ceilings)", "", df,
+@dataclass
+class Claim:
+    """Who is fastest in one case, and whether the data let the report say so (:func:`claim`)."""
+
+    best: dict  # the row with the lowest median time
+    runner_up: dict | None
+    ratio: stats.Ratio  # time(runner_up) / time(best), with its interval
+    tied: list[str] = field(default_factory=list)  # not told apart from the best; "<name> (no interval)": no data to
+
+    @property
+    def decided(self) -> bool:
+        return self.runner_up is not None and not self.tied
+
+    @property
+    def winner(self) -> str:
+        return self.best["backend"] if self.decided or self.runner_up is None else TIE
+
+    @property
+    def drift(self) -> bool:
+        return stats.flag(self.best.get("drift_flag")) or (
+            self.runner_up is not None and stats.flag(self.runner_up.get("drift_flag")))
+
+
+def claim(rows: pd.DataFrame, pair_table: pd.DataFrame | None, min_margin: float) -> Claim:
+    """The fastest of one case's measured rows, named only if every other is slower beyond noise.
+
+    Each other backend is compared with the fastest by the paired ratio when one job timed both
+    (:func:`attnbench.bench.stats.compare_rows`), else unpaired; it is told apart when the ratio's
+    interval lies above 1 and the ratio exceeds ``1 + min_margin``.
+    """
+    ordered = rows.sort_values("ms_median").to_dict("records")
+    best = ordered[0]
+    tied, first = [], None
+    for other in ordered[1:]:
+        r = stats.compare_rows(other, best, pair_table)
+        if first is None:
+            first = r
+        if stats.verdict(r, min_margin) != stats.SLOWER:
+            tied.append(other["backend"] + ("" if r.has_interval else " (no interval)"))
+    return Claim(best, ordered[1] if len(ordered) > 1 else None, first or stats.NO_RATIO, tied)
+
+
+def winners_table(df: pd.DataFrame, pair_table: pd.DataFrame | None = None,
+                  min_margin: float = DEFAULT_MIN_MARGIN) -> Table:
+    """Per case: fastest backend, runner-up, its margin with the interval, the claim, the winner's roofline side."""
+    caption = _caption(f"Fastest backend per case (lowest median time among rows that passed numerics), the "
+                       f"runner-up's time over it with a 95% interval (paired over rounds when one job timed both), "
+                       f"and the winner named only when every other backend is slower beyond its interval and by "
+                       f"more than {min_margin:.0%} (report.min_margin), else \"{TIE}\" with the backends it "
+                       "cannot be told from; which roofline ceiling bounds the fastest (memory: intensity below "
+                       "the ridge point; compute: above; latency: under 20% of both ceilings)", "", df,
                        ceilings_text(df))
     ok = df[df["status"] == "ok"].dropna(subset=["tflops"])
     if ok.empty:
         return _empty("winners", caption, "no ok rows in this sweep")
+    if pair_table is None:
+        pair_table = stats.pairs(df, min_margin)
     rows = []
     for case_id, group in ok.groupby("case_id", sort=False):
-        group = group.sort_values("tflops", ascending=False)
-        best = group.iloc[0]
-        second = group.iloc[1] if len(group) > 1 else None
+        c = claim(group, pair_table, min_margin)
+        best, second = c.best, c.runner_up
+        t_lo, t_hi = rate_interval(pd.DataFrame([best]), "tflops")
         rows.append({**{d: best[d] for d in CASE_DIMS}, "seq_q": best["seq_q"], "seq_kv": best["seq_kv"],
-                     "winner": best["backend"], "tflops": best["tflops"], "gbps": best["gbps"],
+                     "case_id": case_id, "winner": c.winner, "fastest": best["backend"], "tflops": best["tflops"],
+                     "tflops_ci_low": t_lo.iloc[0], "tflops_ci_high": t_hi.iloc[0], "gbps": best["gbps"],
                      "runner_up": second["backend"] if second is not None else "",
-                     "speedup": best["tflops"] / second["tflops"] if second is not None else float("nan"),
-                     "bound": best["bound"], "intensity": best["intensity"],
-                     "frac_of_peak_pct": best["frac_of_peak"] * 100, "backends_ok": len(group)})
+                     "speedup": c.ratio.ratio, "speedup_ci_low": c.ratio.low, "speedup_ci_high": c.ratio.high,
+                     "tied": ", ".join(c.tied), "bound": best["bound"], "intensity": best["intensity"],
+                     "frac_of_peak_pct": best["frac_of_peak"] * 100, "backends_ok": len(group), "drift": c.drift})
     values = pd.DataFrame(rows)
     keys = [d for d in CASE_DIMS if d == "mode" or values[d].nunique() > 1] + ["seq_q", "seq_kv"]
     values = values.sort_values(keys).set_index(keys)
-    values = values[["winner", "tflops", "gbps", "runner_up", "speedup", "bound", "intensity", "frac_of_peak_pct",
-                     "backends_ok"]]
-    return Table("winners", caption, values, values.map(fmt))
+    values = values[["winner", "fastest", "tflops", "tflops_ci_low", "tflops_ci_high", "gbps", "runner_up", "speedup",
+                     "speedup_ci_low", "speedup_ci_high", "tied", "bound", "intensity", "frac_of_peak_pct",
+                     "backends_ok", "drift", "case_id"]]
+    display = values.assign(
+        tflops=[interval_text(v, lo, hi, d) for v, lo, hi, d in zip(values["tflops"], values["tflops_ci_low"],
+                                                                     values["tflops_ci_high"], values["drift"])],
+        speedup=[interval_text(v, lo, hi) for v, lo, hi in zip(values["speedup"], values["speedup_ci_low"],
+                                                               values["speedup_ci_high"])])
+    display = display.drop(columns=["tflops_ci_low", "tflops_ci_high", "speedup_ci_low", "speedup_ci_high", "drift",
+                                    "case_id"])
+    return Table("winners", caption, values, display.map(fmt))
+
+
+def pairs_table(df: pd.DataFrame, pair_table: pd.DataFrame | None = None,
+                min_margin: float = DEFAULT_MIN_MARGIN) -> Table:
+    """Each case's fastest backend against every backend its job timed beside it, from the pairs table."""
+    caption = _caption("Paired time ratios within one job: per case, each backend's time over the fastest's "
+                       "(the geometric mean over rounds of their per-round ratios, with the Student-t 95% interval "
+                       "over rounds: Jain 1991, §13.4.1, on log ratios), and the verdict: faster only when the "
+                       f"interval excludes 1 and the ratio exceeds 1 + {min_margin:.0%} (report.min_margin). Every "
+                       "pair of every case: attnbench.bench.stats.pairs", "", df)
+    if pair_table is None:
+        pair_table = stats.pairs(df, min_margin)
+    ok = df[df["status"] == "ok"].dropna(subset=["ms_median"])
+    rows = []
+    for _, group in ok.groupby(["job_id", "case_id"], sort=False):
+        best = group.sort_values("ms_median").iloc[0]
+        for other in group.to_dict("records"):
+            if other["backend"] == best["backend"]:
+                continue
+            r = stats.lookup_pair(pair_table, best["job_id"], best["case_id"], other["backend"], best["backend"])
+            if r is None:
+                continue
+            faster, words = stats.pair_verdict(r, other["backend"], best["backend"], min_margin)
+            rows.append({**{d: best[d] for d in CASE_DIMS}, "seq_q": best["seq_q"], "seq_kv": best["seq_kv"],
+                         "fastest": best["backend"], "other": other["backend"], "n_rounds": r.n, "ratio": r.ratio,
+                         "ratio_ci_low": r.low, "ratio_ci_high": r.high, "verdict": words,
+                         "drift": stats.flag(best.get("drift_flag")) or stats.flag(other.get("drift_flag"))})
+    if not rows:
+        return _empty("pairs", caption, "no pairs: no case had two backends measured in one job")
+    values = pd.DataFrame(rows)
+    keys = [d for d in CASE_DIMS if d == "mode" or values[d].nunique() > 1] + ["seq_q", "seq_kv", "fastest", "other"]
+    values = values.sort_values(keys).set_index(keys)[["n_rounds", "ratio", "ratio_ci_low", "ratio_ci_high",
+                                                       "verdict", "drift"]]
+    display = values.assign(ratio=[interval_text(v, lo, hi, d) for v, lo, hi, d in zip(
+        values["ratio"], values["ratio_ci_low"], values["ratio_ci_high"], values["drift"])])
+    display = display.drop(columns=["ratio_ci_low", "ratio_ci_high", "drift"])
+    return Table("pairs", caption, values, display.map(fmt))
 
 
 def status_table(df: pd.DataFrame) -> Table:
     caption = _caption("Rows per backend and status (every configured backend has a row per case, measured or "
-                       "not), with the first reason given for each status that is not ok", "", df)
+                       "not), with the first reason given for each status that is not ok", "", df, timed=False)
     counts = df.groupby(["backend", "status"], observed=True).size().unstack("status", fill_value=0)
     counts = counts.reindex(columns=[s for s in STATUSES if s in counts.columns])
     counts = counts.reindex(list(dict.fromkeys(df["backend"])))
@@ -283,42 +419,13 @@ def status_table(df: pd.DataFrame) -> Table:
 
 
 BUILDERS = {"tflops": tflops_table, "frac_peak": frac_peak_table, "err_ratio": err_ratio_table,
-            "decode_gbps": decode_table, "winners": winners_table, "status": status_table}
+            "decode_gbps": decode_table, "winners": winners_table, "pairs": pairs_table, "status": status_table}
+CLAIMS = ("winners", "pairs")  # the builders that take the pairs table and the margin
 
 
-def build_tables(df: pd.DataFrame) -> list[Table]:
-    return [BUILDERS[name](df) for name in TABLE_NAMES]
-
-
-def to_markdown(table: Table) -> str:
-    return f"Table ({table.name}): {table.caption}\n\n{table.display.reset_index().to_markdown(index=False)}\n"
-
-
-_LATEX_SPECIAL = {"·": r"$\cdot$", "×": r"$\times$", "−": "-", "\\": r"\textbackslash{}", "&": r"\&",
-                  "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                  "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
-
-
-def to_latex(table: Table) -> str:
-    """A booktabs table (``\\toprule``/``\\midrule``/``\\bottomrule``; needs ``\\usepackage{booktabs}``)."""
-    frame = table.display.reset_index()
-    frame.columns = [latex_escape(c) for c in frame.columns]
-    frame = frame.map(latex_escape)
-    styler = frame.style.hide(axis="index")
-    return styler.to_latex(caption=latex_escape(table.caption), label=f"tab:{table.name}", hrules=True,
-                           position_float="centering", column_format="l" * frame.shape[1])
-
-
-def write_tables(df: pd.DataFrame, folder: str | Path) -> dict[str, dict]:
-    """Write every table in every format plus ``index.json`` (name -> caption and files)."""
-    folder = Path(folder)
-    index = {}
-    for table in build_tables(df):
-        paths = table.write(folder)
-        index[table.name] = {"caption": table.caption, "files": [p.name for p in paths]}
-    (folder / "index.json").write_text(json.dumps(index, indent=2))
-    return index
+def build_tables(df: pd.DataFrame, pair_table: pd.DataFrame | None = None,
+                 min_margin: float = DEFAULT_MIN_MARGIN) -> list[Table]:
+    if pair_table is None:
+        pair_table = stats.pairs(df, min_margin)
+    return [BUILDERS[name](df, pair_table, min_margin) if name in CLAIMS else BUILDERS[name](df)
+            for name in TABLE_NAMES]

@@ -6,7 +6,8 @@
       killed run from its checkpoint, skips a finished one
   attnbench experiment list   --config FILE
   attnbench experiment run    --job FILE --out DIR [--ceilings FILE] [--threads N]
-  attnbench experiment report --name EXP --in DIR --out DIR
+
+Its tables and figures: ``attnbench tables pretrain`` (:mod:`attnbench.report.stages`).
 """
 from __future__ import annotations
 
@@ -72,12 +73,6 @@ def _cmd_train(args) -> int:
 def _cmd_experiment(args) -> int:
     from attnbench.train import experiments as ex
 
-    if args.action == "report":
-        from attnbench.report.pretrain import render
-
-        for path in render(args.name, args.input, args.out):
-            print(path)
-        return 0
     if args.action == "list":
         from attnbench.plan import load_plan
 
@@ -99,8 +94,6 @@ def _cmd_experiment(args) -> int:
 
 
 def add_commands(sub) -> None:
-    from attnbench.train.experiments import EXPERIMENTS
-
     p = sub.add_parser("train", help="one pretraining run (resumes from its checkpoint)")
     p.add_argument("--config", required=True)
     p.add_argument("--run", required=True, help="base, or <experiment>/<run> (attnbench experiment list)")
@@ -109,28 +102,27 @@ def add_commands(sub) -> None:
     _common(p)
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("experiment", help="plan, run or report a pretraining experiment")
-    p.add_argument("action", choices=["list", "run", "report"])
+    p = sub.add_parser("experiment", help="plan or run a pretraining experiment")
+    p.add_argument("action", choices=["list", "run"])
     p.add_argument("--config", help="list: the config whose runs are listed")
     p.add_argument("--device", choices=["cpu", "cuda"], help="list: plan this device (default: the config's)")
     p.add_argument("--job", help="run: the experiment's plan file, results/<sweep>/plan/pretrain/<experiment>.json")
-    p.add_argument("--name", choices=EXPERIMENTS, help="report: the experiment")
-    p.add_argument("--out", help="run: the experiment directory; report: the folder for tables/ and figures/")
-    p.add_argument("--in", dest="input", help="report: the experiment directory that run wrote")
+    p.add_argument("--out", help="run: the experiment directory")
     _common(p)
     p.set_defaults(func=_check_experiment_args)
 
 
 def _common(p) -> None:
+    from attnbench.cli import THREADS
+
     p.add_argument("--ceilings", help="ceilings JSON (attnbench ceilings) for MFU; default: measure the matmul rate")
-    p.add_argument("--threads", type=int, help="torch CPU threads; default: pretrain.threads")
+    p.add_argument("--threads", type=THREADS, help="torch CPU threads; default: pretrain.threads")
     p.add_argument("--no-progress", action="store_true")
 
 
 def _check_experiment_args(args) -> int:
-    need = {"list": ["config"], "run": ["job", "out"], "report": ["name", "input", "out"]}[args.action]
+    need = {"list": ["config"], "run": ["job", "out"]}[args.action]
     missing = [n for n in need if not getattr(args, n)]
     if missing:
-        flag = {"input": "--in"}.get(missing[0], f"--{missing[0]}")
-        raise ConfigError(f"attnbench experiment {args.action} needs {flag}")
+        raise ConfigError(f"attnbench experiment {args.action} needs --{missing[0]}")
     return _cmd_experiment(args)

@@ -33,6 +33,8 @@ from attnbench.data import CORPORA
 
 SOURCES = ("shakespeare", "file", "synthetic")
 SYMBOL_OFFSET = 64  # synthetic symbol i is byte 64 + i ("@", "A", "B", ...)
+MIN_BYTES = 1024  # a corpus shorter than this cannot fill a training and a validation window
+MAX_CONTEXTS = 1 << 20  # synthetic vocab ** order: the transition table is (contexts, branching)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,31 @@ class DataConfig:
                                 "data.synthetic")
             values["synthetic"] = SyntheticConfig(**values["synthetic"])
         return cls(**values)
+
+
+def check_source(cfg: DataConfig, where: str) -> None:
+    """What a run would find out only when it starts, checked at planning time: a ``file`` source is a
+    readable file of at least :data:`MIN_BYTES` bytes; a synthetic chain's table fits in memory."""
+    if cfg.source == "file":
+        path = Path(cfg.path)
+        if not path.is_file():
+            raise ConfigError(f"{where}.path={cfg.path!r} is not a file (relative paths start at the working "
+                              f"directory, {Path.cwd()}); allowed: a readable text file")
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as err:
+            raise ConfigError(f"{where}.path={cfg.path!r} cannot be read ({err.strerror}); "
+                              "allowed: a readable file") from None
+        size = path.stat().st_size
+        if size < MIN_BYTES:
+            raise ConfigError(f"{where}.path={cfg.path!r} has {size} bytes; "
+                              f"allowed: a file of at least {MIN_BYTES} bytes")
+    elif cfg.source == "synthetic":
+        s = cfg.synthetic
+        if s.vocab ** s.order > MAX_CONTEXTS or s.branching > s.vocab:
+            raise ConfigError(f"{where}.synthetic: vocab={s.vocab}, order={s.order}, branching={s.branching} is not "
+                              f"allowed; allowed: vocab ** order <= {MAX_CONTEXTS} and branching <= vocab")
 
 
 def markov_tokens(cfg: SyntheticConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +182,7 @@ def load_tokens(cfg: DataConfig) -> TokenData:
             raise ConfigError(f"data.path={cfg.path!r} is not a file")
         data, name = path.read_bytes(), f"file:{path.name}"
     raw = np.frombuffer(data, dtype=np.uint8)
-    if len(raw) < 1024:
-        raise ConfigError(f"data source {name} has {len(raw)} bytes; at least 1024 are needed")
+    if len(raw) < MIN_BYTES:
+        raise ConfigError(f"data source {name} has {len(raw)} bytes; at least {MIN_BYTES} are needed")
     train, val, _ = _split(raw, cfg.val_fraction)
     return TokenData(name, hashlib.sha256(data).hexdigest(), train, val, math.nan)

@@ -39,6 +39,7 @@ from attnbench.bench.results import write_atomic
 from attnbench.errors import ConfigError
 from attnbench.models.gpt import GPTConfig, count_params, match_params
 from attnbench.train import stability
+from attnbench.train.checkpoint import load_weights
 from attnbench.train.data import DataConfig
 from attnbench.train.loop import RunSpec, TrainConfig, train
 from attnbench.train.precision import get_precision
@@ -81,7 +82,7 @@ def plan_experiments(pre: dict) -> dict[str, list[RunSpec]]:
     try:
         plans = {name: plan_runs(pre, name) for name in pre["select"]["experiments"]}
     except ConfigError as err:
-        raise ConfigError(f"pretrain.{err}") from None
+        raise ConfigError(str(err) if str(err).startswith("pretrain.") else f"pretrain.{err}") from None
     names = [s.name for runs in plans.values() for s in runs]
     unknown = sorted(set(pre["select"]["runs"]) - set(names))
     if unknown:
@@ -241,7 +242,7 @@ def divergence_frame(specs: list[RunSpec], out: Path, device: str = "cpu") -> pd
             a, b = (run_dir(out, s) / "snapshots" / f"{step}.pt" for s in (ref, spec))
             if not (a.is_file() and b.is_file()):
                 continue
-            div = stability.weight_divergence(torch.load(a, weights_only=True), torch.load(b, weights_only=True), device)
+            div = stability.weight_divergence(load_weights(a), load_weights(b), device)
             rows.append({"run": spec.name, "swap": spec.tags["swap"], "variant": spec.tags["variant"],
                          "step": step, **div})
     return pd.DataFrame(rows, columns=["run", "swap", "variant", "step", "max_abs", "rel_l2", "wasserstein"])

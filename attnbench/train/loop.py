@@ -12,9 +12,10 @@ Per step (``steps.parquet``): loss (cross-entropy), z-loss term, grad norm (befo
 clipping), update RMS (root mean square of the parameter change the optimiser made),
 LR, output log Z (mean and max over tokens of logsumexp of the logits), max
 attention logit per layer (a probe every ``probe_every`` steps), tokens/s, step
-time, memory, non-finite and skipped flags, the fp16 loss scale, FP8 scale
-statistics (every ``fp8_stats_every`` steps) and validation loss (every
-``eval_every`` steps).
+time, energy (NVML's energy counter around the timed step on CUDA; NaN elsewhere;
+``tokens_per_j`` in the summary), memory, non-finite and skipped flags, the fp16
+loss scale, FP8 scale statistics (every ``fp8_stats_every`` steps) and validation
+loss (every ``eval_every`` steps).
 
 Loss: cross-entropy plus ``z_loss * mean(log Z ** 2)`` (PaLM, Chowdhery et al. 2022
 §5; Wortsman et al. 2023 use 1e-4). A step whose loss or gradient is not finite
@@ -38,15 +39,19 @@ import pandas as pd
 import torch
 
 from attnbench.bench.provenance import environment, timestamp
+from attnbench.bench.telemetry import Telemetry
 from attnbench.bench.results import write_atomic
 from attnbench.errors import ConfigError
 from attnbench.errors import reject_unknown_keys
 from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.train import stability
 from attnbench.train.attention_backend import BackendUnsupported, check_backend, fastest_backend
+from attnbench.train.checkpoint import resume_checkpoint
 from attnbench.train.data import DataConfig, TokenData, load_tokens
 from attnbench.train.precision import (PRECISIONS, Fp8StatsRecorder, PrecisionUnavailable, apply_precision,
                                        get_precision)
+
+CHECKPOINT_KEYS = ("step", "config_hash", "backend", "model", "opt", "scaler", "rows", "counters")  # Run.state
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,9 @@ class TrainConfig:
                 raise ConfigError(f"train.{key}={getattr(self, key)!r} is not allowed; allowed: a positive integer")
         if not self.lr > 0:
             raise ConfigError(f"train.lr={self.lr!r} is not allowed; allowed: a positive number")
+        if self.warmup_steps > self.steps:  # the LR would never reach train.lr: the run's label would be wrong
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps} is longer than train.steps={self.steps}; "
+                              "allowed: at most train.steps warm-up steps")
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
@@ -222,6 +230,7 @@ class Run:
         self.cfg = spec.train
         self.precision = get_precision(self.cfg.precision)
         self.compute_dtype = self.precision.autocast_dtype or torch.float32
+        self.telemetry = Telemetry.open(device, interval_ms=0)  # the energy counter only
 
     def build(self, backend: str | None = None) -> None:
         """``backend``: the one a resumed run chose before (``auto`` must not switch kernels mid-run)."""
@@ -280,6 +289,7 @@ class Run:
             row.update(self.recorder.row())
         if device == "cuda":
             torch.cuda.synchronize()
+        energy_mj = self.telemetry.energy_mj()
         start = time.perf_counter()
         with self.precision.autocast(device):
             logits = self.forward(x)
@@ -309,6 +319,7 @@ class Run:
         row.update({"loss": values[0], "z_loss_term": values[1], "logz_mean": values[2], "logz_max": values[3],
                     "grad_norm": values[4], "update_rms": math.sqrt(values[5] / n_params),
                     "step_s": elapsed, "tokens_per_s": cfg.batch_size * cfg.seq_len / elapsed,
+                    "energy_j": (self.telemetry.energy_mj() - energy_mj) / 1e3,
                     "memory_bytes": _memory_bytes(device),
                     "nonfinite": not (math.isfinite(values[0]) and (self.scaler is not None or math.isfinite(values[4]))),
                     "skipped": values[5] == 0.0, "loss_scale": scale if self.scaler else math.nan})
@@ -339,7 +350,7 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
             "lr": spec.train.lr, "layout": spec.model.layout, "qk_norm": spec.model.qk_norm,
             "z_loss": spec.train.z_loss, "compile": spec.train.compile, "steps": spec.train.steps}
     ckpt_path = out / "ckpt.pt"
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False) if ckpt_path.is_file() else None
+    ckpt = resume_checkpoint(ckpt_path, CHECKPOINT_KEYS, map_location=device)  # weights_only; a bad one: start over
     if ckpt is not None and ckpt.get("config_hash") != spec.config_hash:
         ckpt = None  # a checkpoint of another config: start over
     try:
@@ -404,6 +415,12 @@ def _provenance(device: str) -> dict:
         "timestamp": timestamp()}
 
 
+def warm_steps(frame: pd.DataFrame) -> pd.DataFrame:
+    """The steps after the first 10% (warm-up, compilation left out)."""
+    n = len(frame)
+    return frame.iloc[max(1, n // 10):] if n > 1 else frame
+
+
 def speed_stats(frame: pd.DataFrame) -> dict:
     """Median and interquartile range of the per-step tokens/s after the first 10% of steps.
 
@@ -411,10 +428,20 @@ def speed_stats(frame: pd.DataFrame) -> dict:
     ``torch.utils.benchmark.Measurement`` does: a step of a few ms drifts within a run, and an IQR
     that is a large share of the median says that one run's speed is not a stable number.
     """
-    n = len(frame)
-    warm = frame["tokens_per_s"].iloc[max(1, n // 10):] if n > 1 else frame["tokens_per_s"]
+    warm = warm_steps(frame)["tokens_per_s"]
     q25, q50, q75 = (float(v) for v in warm.quantile([0.25, 0.5, 0.75]))  # NaN without steps
     return {"tokens_per_s": q50, "tokens_per_s_iqr": q75 - q25}
+
+
+def tokens_per_joule(frame: pd.DataFrame) -> float:
+    """Tokens over the energy of the same steps, after the first 10% (the counter's 20-100 ms updates
+    average out over many steps); NaN without energy readings (CPU, or no NVML)."""
+    warm = warm_steps(frame)
+    if "energy_j" not in warm or not warm["energy_j"].notna().any():
+        return math.nan
+    measured = warm.dropna(subset=["energy_j"])
+    energy = float(measured["energy_j"].sum())
+    return float((measured["tokens_per_s"] * measured["step_s"]).sum()) / energy if energy > 0 else math.nan
 
 
 def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | None, emulated: bool) -> dict:
@@ -448,6 +475,7 @@ def summarize(frame: pd.DataFrame, flops_per_token: float, peak_flops: float | N
         "final_logz_mean": float(frame["logz_mean"].iloc[-1]) if n else math.nan,
         "peak_memory_bytes": float(frame["memory_bytes"].max()) if n else math.nan,
         **({key: math.nan for key in ("tokens_per_s", "tokens_per_s_iqr")} if emulated else speed_stats(frame)),
+        "tokens_per_j": math.nan if emulated else tokens_per_joule(frame),
         "peak_flops": peak_flops if peak_flops else math.nan,
     }
     out["mfu"] = out["tokens_per_s"] * flops_per_token / peak_flops if peak_flops else math.nan

@@ -2,7 +2,8 @@
 
   env            write the effective config and the versions/provenance of this host
   guard          run a results job; a crash becomes error rows for the cases it did not finish
-  lease          run any command on a leased GPU, or N of them (CUDA_VISIBLE_DEVICES set)
+  lease          run a command under its device's timing lock (a leased GPU with CUDA_VISIBLE_DEVICES, --gpus N
+                 of them all or none, or the CPU)
   rule-backend   `cases`: a job's cases as TSV; `ingest`: a command's timings as results rows
   schema         print or write a generated schema (results)
 """
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,9 +21,10 @@ def _cmd_env(args) -> int:
     import yaml
 
     from attnbench.bench.provenance import environment
+    from attnbench.files import read_json
     from attnbench.kernels.registry import all_backends, safe_available, safe_version
 
-    config = json.loads(Path(args.config_in).read_text())  # the planner's snapshot: validated at parse time
+    config = read_json(args.config_in, "config snapshot (results/<sweep>/plan/config.json)")  # validated when planned
     device = config["device"]
     Path(args.config_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.config_out).write_text("# The effective config of this sweep (validated, defaults filled, device "
@@ -65,11 +65,13 @@ def _cmd_guard(args) -> int:
 
 
 def _cmd_lease(args) -> int:
-    from attnbench.workflow.lease import gpu_lease
+    from attnbench.workflow.lease import run_leased, visible_devices
 
-    with gpu_lease(count=args.gpus) as device:
-        print(f"attnbench lease: GPU {device}", file=sys.stderr)
-        return subprocess.call(_inner(args), env={**os.environ, "CUDA_VISIBLE_DEVICES": device})
+    device = args.device if args.device != "auto" else ("cuda" if visible_devices() else "cpu")
+    if args.gpus < 1 or (args.gpus > 1 and device != "cuda"):
+        raise SystemExit(f"attnbench lease: --gpus={args.gpus} is not allowed with --device {device}; allowed: "
+                         "1, or N >= 1 with --device cuda")
+    return run_leased(_inner(args), device, untimed=args.untimed, gpus=args.gpus)
 
 
 def _cmd_rule_cases(args) -> int:
@@ -122,8 +124,13 @@ def add_commands(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the job's command")
     p.set_defaults(func=_cmd_guard)
 
-    p = sub.add_parser("lease", help="run a command on one leased GPU (or --gpus N of them)")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs to lease together (default 1)")
+    p = sub.add_parser("lease", help="run a command under its device's timing lock (one GPU, --gpus N, or the whole CPU)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="the device the command times on (auto: cuda when a GPU is visible)")
+    p.add_argument("--untimed", action="store_true",
+                   help="the command needs the device but times nothing: no CPU lock (a GPU is still leased)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="GPUs to lease together, all or none (default 1; more only with --device cuda)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command")
     p.set_defaults(func=_cmd_lease)
 

@@ -6,7 +6,10 @@ The contract is two tab-separated files:
   a header: :data:`CASE_COLUMNS` (``causal`` as 0/1).
 * The backend's command reads them and prints one line per case it ran or
   refused, with a header: ``case_id status ms_median ms_p20 ms_p80 n_reps`` and
-  optionally ``rel_err max_abs_err reason``. ``status`` is ``ok``,
+  optionally ``ms_ci_low ms_ci_high`` (its own 95% interval of the median: with
+  them its rows can be compared with other backends' within noise,
+  docs/statistics.md; without them nothing is claimed about them) and
+  ``rel_err max_abs_err reason``. ``status`` is ``ok``,
   ``unsupported`` (say why in ``reason``) or ``error``.
 
 ``attnbench rule-backend ingest`` turns those lines into results rows: case
@@ -23,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.bench import conventions
-from attnbench.bench.results import ResultsError, empty_row, to_frame
+from attnbench.bench.results import ResultsError, case_columns, empty_row, to_frame
 
 CASE_COLUMNS = ("case_id", "mode", "layout", "batch", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "seq_q",
                 "seq_kv", "causal", "dtype", "page_size")
@@ -51,6 +54,9 @@ def read_timings(path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(path, sep="\t", comment="#", dtype={"case_id": str, "reason": str})
     except (FileNotFoundError, pd.errors.EmptyDataError):
         return pd.DataFrame(columns=TIMING_COLUMNS[1:], index=pd.Index([], name="case_id"))
+    except (UnicodeDecodeError, pd.errors.ParserError, ValueError) as err:
+        raise ResultsError(f"{path}: not a timings file ({type(err).__name__}: {' '.join(str(err).split())[:160]}); "
+                           f"allowed: tab-separated lines with columns {', '.join(TIMING_COLUMNS)}") from None
     missing = [c for c in TIMING_COLUMNS if c not in df]
     if missing:
         raise ResultsError(f"{path}: missing column {missing[0]!r}; required: {', '.join(TIMING_COLUMNS)}")
@@ -73,11 +79,12 @@ def ingest(job: dict, backend: str, *, timings: str | None, ceilings: str | None
     env = environment("cpu")
     rows = []
     for case in cases:
-        row = empty_row() | case.fields() | env
+        row = empty_row() | case_columns(case) | env
         row.update(sweep=job["sweep"], group=group, case_id=case.case_id, backend=backend, backend_version=version,
                    compute_dtype=case.dtype, timestamp=timestamp(), reason="", timer="external",
-                   flops=conventions.flops(case), bytes_min=conventions.bytes_min(case),
-                   bytes_model=conventions.bytes_model(case, family))
+                   flops=conventions.flops(case), flops_padded=conventions.flops(case),
+                   bytes_min=conventions.bytes_min(case), bytes_model=conventions.bytes_model(case, family),
+                   numerics_status="not_run", numerics_reason="")
         if peaks:
             row.update(peak_flops=peaks.peak_flops(case.dtype), peak_bytes_per_s=peaks.copy_bytes_per_s)
         if unavailable:
@@ -103,7 +110,7 @@ def _measured(row: dict, line: pd.Series) -> None:
                n_reps=int(line["n_reps"]), tflops=row["flops"] / seconds / 1e12,
                gbps=row["bytes_model"] / seconds / 1e9,
                intensity=conventions.intensity(row["flops"], row["bytes_model"]))
-    for name in ("rel_err", "max_abs_err"):
+    for name in ("ms_ci_low", "ms_ci_high", "rel_err", "max_abs_err"):
         value = line.get(name)
         row[name] = float(value) if value is not None and not pd.isna(value) else math.nan
     if not math.isnan(row["peak_flops"]):

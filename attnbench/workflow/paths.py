@@ -7,6 +7,8 @@ a sweep writes is under ``results/<sweep>/`` and ``reports/<sweep>/``; sweep and
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 RESULTS = "results/{sweep}"
 REPORTS = "reports/{sweep}"
 
@@ -20,12 +22,15 @@ VERSIONS = ENV + "/versions.json"
 CEILINGS = ENV + "/ceilings.json"
 LOGS = RESULTS + "/logs"
 BENCHMARKS = RESULTS + "/benchmarks"
+JOB_LOG = LOGS + "/{stage}/{name}.log"  # a job's log and Snakemake benchmark mirror its plan file's path
+JOB_BENCHMARK = BENCHMARKS + "/{stage}/{name}.tsv"
 
 MICROBENCH = RESULTS + "/microbench/{group}.parquet"  # one job per group, its Python backends interleaved
 MICROBENCH_RULE = RESULTS + "/microbench/{backend}/{group}.parquet"  # a backend added as a Snakemake rule
 MERGED = RESULTS + "/microbench.parquet"  # every microbench row of the sweep, validated and joined
+COMPARE = RESULTS + "/compare/compare.md"  # `snakemake compare`: this sweep against config `baseline`
 
-STABILITY = RESULTS + "/stability/{group}/{index}.parquet"
+STABILITY = RESULTS + "/stability/{group}/{index}.parquet"  # one pass: its own `attnbench microbench` process
 HBM_PART = RESULTS + "/hbm/parts/{group}/{backend}.parquet"
 HBM_TABLE = RESULTS + "/hbm/hbm.parquet"
 HBM_LEDGER = RESULTS + "/hbm/ledger.parquet"
@@ -33,18 +38,29 @@ CONTEXT_COST = RESULTS + "/context/cost/{group}.parquet"
 CONTEXT_CHECKPOINT = RESULTS + "/context/pretrain.pt"
 CONTEXT_CAPABILITY = RESULTS + "/context/capability/{method}.parquet"
 CONTEXT_ROPE = RESULTS + "/context/rope_overhead.parquet"
+CONTEXT_CAPABILITY_ALL = RESULTS + "/context/capability.parquet"  # every method's rows, merged
+CONTEXT_COST_ALL = RESULTS + "/context/cost.parquet"  # every cost group's rows, merged
 PRETRAIN_DIR = RESULTS + "/pretrain/{experiment}"
 PRETRAIN_RUNS = PRETRAIN_DIR + "/runs.parquet"
 PRETRAIN_STEPS = PRETRAIN_DIR + "/steps.parquet"
-TRITON = RESULTS + "/triton/{group}.parquet"
+TRITON_PRECOMPILE = RESULTS + "/triton/precompile.parquet"  # Triton configs compiled ahead of the timed jobs
+TRITON_COMPILER = RESULTS + "/triton/compiler.parquet"  # the compiler report on our Triton kernels
 CP_PART = RESULTS + "/context_parallel/n{world}.parquet"  # one job per world size N
 CP_TABLE = RESULTS + "/context_parallel/context_parallel.parquet"  # every N's rows, scaling efficiency filled
 
 # Each stage's tables and figures: <stage>/tables/{name}.{md,tex,csv}, <stage>/figures/{name}.{png,svg},
 # and one index of both with their captions, read by the report, `snakemake --report` and publishing.
+STAGE_DIR = RESULTS + "/{stage}"
 STAGE_TABLES = RESULTS + "/{stage}/tables"
 STAGE_FIGURES = RESULTS + "/{stage}/figures"
 STAGE_INDEX = RESULTS + "/{stage}/tables/index.json"
 
 REPORT_HTML = REPORTS + "/report.html"
 PUBLISHED = RESULTS + "/wandb/published.json"
+
+
+def within(results_dir: str | Path, template: str, **wildcards) -> Path:
+    """``template`` (one of the names above) inside a given sweep folder instead of ``results/<sweep>``."""
+    if not template.startswith(RESULTS + "/"):
+        raise ValueError(f"{template!r} is not under {RESULTS}; allowed: a template of a sweep's results")
+    return Path(results_dir) / template[len(RESULTS) + 1:].format(**wildcards)

@@ -15,14 +15,20 @@ layouts without listing impossible combinations:
 * A decode case with one query row is stored with ``causal=False``: with the
   bottom-right aligned mask the single row sees every key, so both spellings
   are the same problem and would be duplicate rows.
+* ``workload`` (a mapping, :mod:`attnbench.workloads.spec`): the batch and the per-sequence lengths
+  come from a trace or a distribution instead of ``batch``/``seq``; each of its batches is one case.
+* ``variant`` with its parameter (``window``, ``softcap``, ``doc_len``, ``prefix_len``): a parameter
+  applies only to its own variant, so ``variant: [none, sliding_window, softcap]`` with ``window`` and
+  ``softcap`` gives three cases.
 """
 from __future__ import annotations
 
 import itertools
 from typing import Any, Iterable
 
-from attnbench.case import DTYPES, LAYOUTS, MODES, Case, CaseError
+from attnbench.case import DTYPES, LAYOUTS, MODES, VARIANT_PARAMS, VARIANTS, Case, CaseError
 from attnbench.errors import reject_unknown_keys
+from attnbench.workloads import spec as workload_spec
 
 GRID_KEYS = {
     "mode": "fwd",
@@ -42,7 +48,14 @@ GRID_KEYS = {
     "page_size": 0,
     "mla_rank": 512,
     "mla_rope_dim": 64,
+    "workload": None,
+    "variant": "none",
+    "window": None,
+    "softcap": None,
+    "doc_len": None,
+    "prefix_len": None,
 }
+DERIVED_BY_WORKLOAD = ("batch", "seq", "seq_q", "seq_kv", "decode_q")
 
 
 class GridError(ValueError):
@@ -53,7 +66,30 @@ def _as_list(value: Any) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _case_from_point(point: dict) -> Case:
+def _cases_from_point(point: dict, where: str) -> list[Case]:
+    """The case of one grid point, or one case per batch of its workload."""
+    variant = point["variant"]
+    params = {name: 0 for name in VARIANT_PARAMS.values()}
+    if variant in VARIANT_PARAMS:
+        name = VARIANT_PARAMS[variant]
+        if point[name] is None:
+            raise GridError(f"variant {variant} needs {name}; allowed: set {name} in the grid")
+        params[name] = point[name]
+    if point["workload"] is None:
+        return [_case_from_point(point, variant=variant, **params)]
+    name, batches = workload_spec.form_batches(point["workload"], point["mode"], f"{where}.workload")
+    cases = []
+    for batch in batches:
+        seq_q, seq_kv = max(batch.lens_q), max(batch.lens_kv)
+        uniform = set(zip(batch.lens_q, batch.lens_kv)) == {(seq_q, seq_kv)}  # a dense batch after all
+        lens_q, lens_kv = ((), ()) if uniform else (batch.lens_q, batch.lens_kv)
+        cases.append(_case_from_point({**point, "batch": len(batch.lens_q), "seq": None, "seq_q": seq_q,
+                                       "seq_kv": seq_kv}, variant=variant, workload=name, seq_lens_q=lens_q,
+                                      seq_lens_kv=lens_kv, **params))
+    return cases
+
+
+def _case_from_point(point: dict, **extra) -> Case:
     layout, mode = point["layout"], point["mode"]
     heads_q = point["heads_q"]
     if point["heads_kv"] is not None and layout != "gqa":
@@ -88,9 +124,11 @@ def _case_from_point(point: dict) -> Case:
         head_dim_v = point["head_dim_v"] if point["head_dim_v"] is not None else head_dim_qk
 
     causal = bool(point["causal"]) and not (mode == "decode" and seq_q == 1)
+    if extra.get("seq_lens_q") and mode == "decode":
+        extra["seq_lens_q"] = ()  # every request has its one new token
     return Case(mode=mode, layout=layout, batch=point["batch"], heads_q=heads_q, heads_kv=heads_kv,
                 head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, seq_q=seq_q, seq_kv=seq_kv,
-                causal=causal, dtype=point["dtype"], page_size=point["page_size"])
+                causal=causal, dtype=point["dtype"], page_size=point["page_size"], **extra)
 
 
 def _value_schema(item: dict) -> dict:
@@ -120,6 +158,12 @@ GRID_SCHEMA = {
         "page_size": _value_schema({"type": "integer", "minimum": 0}),
         "mla_rank": _value_schema(_POSITIVE),
         "mla_rope_dim": _value_schema(_POSITIVE),
+        "workload": _value_schema({"type": "object"}),  # its keys: attnbench.workloads.spec.SCHEMA
+        "variant": _value_schema({"enum": list(VARIANTS)}),
+        "window": _value_schema(_POSITIVE),
+        "softcap": _value_schema({"type": "number", "exclusiveMinimum": 0}),
+        "doc_len": _value_schema(_POSITIVE),
+        "prefix_len": _value_schema(_POSITIVE),
     },
 }
 
@@ -133,18 +177,25 @@ def _check_types(grid: dict, where: str) -> None:
         if not jsonschema.Draft202012Validator(sub).is_valid(value):
             item = sub["anyOf"][0]
             allowed = (", ".join(map(str, item["enum"])) if "enum" in item else
-                       {"boolean": "true or false", "integer": "an integer"}.get(
+                       {"boolean": "true or false", "integer": "an integer", "number": "a number",
+                        "object": "a mapping (docs/workloads.md)"}.get(
                            item["type"] if isinstance(item["type"], str) else item["type"][0], str(item)))
             if "minimum" in item:
                 allowed += f" >= {item['minimum']}"
+            if "exclusiveMinimum" in item:
+                allowed += f" > {item['exclusiveMinimum']}"
             raise GridError(f"{where}.{key}={value!r} is not allowed; allowed: {allowed}, or a non-empty list of them")
 
 
 def grid_size(grid: dict) -> int:
-    """Points of the product before derived keys and deduplication: what expanding it would cost."""
+    """Points of the product before derived keys and deduplication (a workload counts its batches): what
+    expanding it would cost."""
     size = 1
-    for value in grid.values():
-        size *= len(value) if isinstance(value, (list, tuple)) else 1
+    for key, value in grid.items():
+        if key == "workload":
+            size *= sum(workload_spec.batch_count(v) for v in _as_list(value))
+        else:
+            size *= len(value) if isinstance(value, (list, tuple)) else 1
     return size
 
 
@@ -159,6 +210,11 @@ def expand_grid(grid: dict, where: str = "grid", max_cases: int | None = None) -
         raise GridError(f"{where} must be a mapping of grid keys; allowed keys: {', '.join(GRID_KEYS)}")
     reject_unknown_keys(grid, GRID_KEYS, where, GridError)
     _check_types(grid, where)
+    if "workload" in grid:
+        derived = [k for k in DERIVED_BY_WORKLOAD if k in grid]
+        if derived:
+            raise GridError(f"{where}.{derived[0]} is not allowed with workload; allowed: the workload sets the batch "
+                            "and the lengths (token_budget or requests, batches)")
     if max_cases is not None and grid_size(grid) > max_cases:
         raise GridError(f"{where}: the grid has {grid_size(grid)} points; allowed: at most max_cases={max_cases} "
                         "(raise max_cases to run it)")
@@ -167,12 +223,15 @@ def expand_grid(grid: dict, where: str = "grid", max_cases: int | None = None) -
     for combo in itertools.product(*values.values()):
         point = dict(zip(values, combo))
         try:
-            case = _case_from_point(point)
+            found = _cases_from_point(point, where)
+        except workload_spec.WorkloadError as err:
+            raise GridError(str(err)) from None
         except (GridError, CaseError) as err:
             raise type(err)(f"{where}: {err}") from None
-        if case not in seen:
-            seen.add(case)
-            cases.append(case)
+        for case in found:
+            if case not in seen:
+                seen.add(case)
+                cases.append(case)
     return cases
 
 

@@ -19,15 +19,27 @@ def test_forward_flops_dense_by_hand():
     assert cv.flops(case()) == 2 * 4 * 16 * 4096 * 4096 * 256 == 549_755_813_888
 
 
-def test_causal_square_halves_the_work():
-    assert cv.flops(case(causal=True)) == cv.flops(case()) / 2
+def test_causal_square_counts_the_diagonal_exactly():
+    # S=4096: rows see 1, 2, ..., 4096 keys: S(S+1)/2 pairs, avg_kv = (S+1)/2 = 2048.5
+    assert cv.avg_kv(case(causal=True)) == 2048.5
+    assert cv.flops(case(causal=True)) == cv.flops(case()) * 4097 / (2 * 4096)
+
+
+def test_causal_counts_every_kept_pair_of_a_small_mask():
+    # the mask eager applies (keys j <= i + Skv - Sq kept), counted element by element
+    for sq, skv in ((3, 5), (5, 5), (1, 7), (7, 7), (2, 9)):
+        kept = sum(1 for i in range(sq) for j in range(skv) if j <= i + skv - sq)
+        assert cv.causal_keys(sq, skv) == kept
+        assert cv.avg_kv(case(seq_q=sq, seq_kv=skv, causal=True)) == kept / sq
 
 
 def test_causal_is_bottom_right_aligned():
-    # Sq=1024, Skv=4096: avg_kv = (3072 + 4096) / 2 = 3584
+    # Sq=1024, Skv=4096: row i sees 3072 + i + 1 keys; avg_kv = 3072 + 1025/2 = 3584.5
     c = case(seq_q=1024, causal=True)
-    assert cv.avg_kv(c) == 3584
-    assert cv.flops(c) == 2 * 4 * 16 * 1024 * 3584 * 256
+    assert cv.avg_kv(c) == 3584.5
+    assert cv.flops(c) == 2 * 4 * 16 * 1024 * 3584.5 * 256
+    # flash-attention's benchmarks count (max(0, Skv - Sq) + Skv) / 2 = 3584: half a key per row less
+    assert cv.avg_kv(c) - (3072 + 4096) / 2 == 0.5
 
 
 def test_backward_is_two_and_a_half_forward():
@@ -101,11 +113,31 @@ def test_fp8_inputs_are_named_among_q_k_v():
 
 def test_eager_model_counts_score_passes_by_hand():
     c = case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4)
-    # bf16 forward: S write+read (2B each), P fp32 write+read (4B), P bf16 write+read (2B): 2+2+4+4+2+2 = 16 B/elem
-    assert cv.bytes_model(c, "eager") == cv.bytes_min(c) + 64 * 16
+    # bf16 forward, bytes per score element: S written (2); ATen's upcast of S to fp32 (read 2,
+    # write 4); softmax reads fp32 and writes fp32 P (4 + 4); P cast to bf16 (read 4, write 2);
+    # PV reads P (2): 2 + 2 + 4 + 4 + 4 + 4 + 2 + 2 = 24
+    assert cv.bytes_model(c, "eager") == cv.bytes_min(c) + 64 * 24
     # causal adds a read and a write of S in bf16
-    assert cv.bytes_model(case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4,
-                               causal=True), "eager") == cv.bytes_min(c) + 64 * 20
+    causal = case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4, causal=True)
+    assert cv.bytes_model(causal, "eager") == cv.bytes_min(c) + 64 * 28
+
+
+def test_fp16_on_cuda_softmax_has_no_upcast_pass():
+    # ATen fuses the half-to-float conversion into softmax for fp16 on CUDA only: no upcast pass
+    # (2 read + 4 write) and softmax reads fp16 (2, not 4): 24 - 8 = 16 B/elem
+    c = case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4, dtype="fp16")
+    assert cv.bytes_model(c, "eager", device="cuda") == cv.bytes_min(c) + 64 * 16
+    assert cv.bytes_model(c, "eager", device="cpu") == cv.bytes_min(c) + 64 * 24
+    fp32 = case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4, dtype="fp32")
+    assert cv.score_passes(fp32, "eager") == ["fp32"] * 4  # S write, softmax read and write, PV read
+
+
+def test_eager_backward_passes_by_hand():
+    c = case(mode="fwd_bwd", batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_kv=8, head_dim_qk=4, head_dim_v=4)
+    # backward, bf16: dP written (2); the cast's backward (2 read, 4 write); softmax backward reads
+    # P and dP (4 + 4) and writes dS in fp32 (4); the upcast's backward (4 read, 2 write); dS read
+    # by the dQ and dK matmuls (2 + 2); P read by the dV matmul (2): 32 B/elem over the forward's 24
+    assert sum(cv.ELEMENT_BYTES[d] for d in cv.score_passes(c, "eager")) == 24 + 32
 
 
 def test_math_model_keeps_scores_in_fp32():
@@ -129,3 +161,30 @@ def test_roofline_labels():
     # far under both ceilings: latency-bound
     label, _ = cv.roofline_bound(10e6, 1e6, 1e-3, peak_flops, peak_bw)
     assert label == "latency"
+
+
+def _softmax_ops(dtype, device):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(4, 32, 32, device=device).to(dtype)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # the ATen ops, on either device
+        torch.softmax(x, -1, dtype=torch.float32)
+    return [e.name for e in prof.events()]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_upcast_pass_is_what_aten_runs_on_cpu(dtype):
+    import torch
+
+    ops = _softmax_ops({"bf16": torch.bfloat16, "fp16": torch.float16}[dtype], "cpu")
+    assert "aten::_to_copy" in ops and cv.softmax_upcasts(case(dtype=dtype), "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_upcast_pass_is_what_aten_runs_on_cuda(dtype):
+    import torch
+
+    ops = _softmax_ops({"bf16": torch.bfloat16, "fp16": torch.float16}[dtype], "cuda")
+    assert ("aten::_to_copy" in ops) == cv.softmax_upcasts(case(dtype=dtype), "cuda")

@@ -101,3 +101,22 @@ def test_results_files_get_normal_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_workload_group_runs_into_valid_rows(tmp_path):
+    """A trace-driven group: planned, run, and every row valid against the results schema with its batch shape."""
+    from attnbench.bench.schema import validate_frame
+
+    groups = {"trace": {"mode": "fwd", "layout": "gqa", "heads_q": 4, "gqa_group": 2, "head_dim": 16, "causal": True,
+                        "workload": {"trace": "azure-conv", "token_budget": 1200, "batches": 1}}}
+    config = {**CONFIG, "microbench": {**CONFIG["microbench"],
+                                       "cpu": {"backends": ["eager", "sdpa-padded"], "groups": groups}}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "rows.parquet"
+    assert main(["microbench", "--config", str(path), "--group", "trace", "--out", str(out)]) == 0
+    df = read_results(out)
+    validate_frame(df, str(out))
+    assert set(df.status) == {"ok"} and set(df.numerics_status) == {"ok"} and set(df.workload) == {"azure-conv"}
+    assert (df.tokens_q == df.seq_lens_q.map(lambda s: sum(map(int, s.split(","))))).all()
+    assert (df.flops < df.flops_padded).all() and (df.seq_q_median <= df.seq_q).all()

@@ -84,12 +84,13 @@ def test_setup_time_includes_build(recording):
     assert rows[0]["status"] == "ok" and rows[0]["setup_s"] >= _Recording.build_sleep_s
 
 
-def test_numerics_of_a_paged_case_sees_its_page_size(recording):
+def test_numerics_of_a_paged_case_check_the_built_path(recording):
     cases = [tiny(mode="decode", seq_q=1, seq_kv=40, page_size=16), tiny()]
     rows = run_group(cases, [recording], RunOptions(cpu_min_run_time_s=0.01), log=lambda s: None)
-    assert all(r["status"] == "ok" for r in rows)
-    # timed calls go through build() without keywords; only the paged case's numerics call carries page_size
-    assert [kw for kw in _Recording.seen if kw] == [{"page_size": 16}]
+    assert all(r["status"] == "ok" and r["numerics_status"] == "ok" for r in rows)
+    # a paged case is checked on the path that was timed (build() on the fresh inputs, its page table), so
+    # attention() never sees a page_size; timed calls and the dense case's check pass no keywords
+    assert all(kw == {} for kw in _Recording.seen)
 
 
 @pytest.mark.parametrize("drift, flagged", [(0.001, False), (-0.05, True), (0.031, True)])
@@ -105,15 +106,144 @@ def test_drift_re_times_the_first_case_with_the_same_timer_arguments(monkeypatch
     calls = []
     real = microbench._Job.time
 
-    def spy(self, fn, case, estimate_s):
-        calls.append((case, estimate_s))
-        return real(self, fn, case, estimate_s)
+    def spy(self, fn, case, estimate_s, method=None):
+        calls.append((case, estimate_s, method))
+        return real(self, fn, case, estimate_s, method)
 
     monkeypatch.setattr(microbench._Job, "time", spy)
     cases = [tiny(mode="decode", seq_q=1, seq_kv=32), tiny()]  # decode prefers graph replay on CUDA
-    rows = run_group(cases, ["sdpa-math"], RunOptions(cpu_min_run_time_s=0.01, numerics=False), log=lambda s: None)
-    assert [c for c, _ in calls] == [cases[0], cases[1], cases[0]] and calls[2] == calls[0]
+    rows = run_group(cases, ["sdpa-math"], RunOptions(cpu_min_run_time_s=0.01, numerics=False, repeats=2),
+                     log=lambda s: None)
+    # two rounds per case, then the drift check re-times the first case with the first case's timer
+    assert [c for c, _, _ in calls] == [cases[0], cases[0], cases[1], cases[1], cases[0]]
+    assert calls[4][:2] == calls[0][:2] and calls[4][2] == calls[1][2] == "torch.utils.benchmark"
     assert rows[0]["job_drift"] > -1  # a ratio of two CPU timings minus one: finite (its size is load noise here)
+
+
+class _Named(_Recording):
+    """A backend of its own name (``_Recording`` otherwise), to see the order backends are timed in."""
+
+    def __init__(self, name):
+        self.name = name
+        self.build_sleep_s = 0.0
+
+
+@pytest.fixture
+def three(monkeypatch):
+    names = ["a", "b", "c"]
+    monkeypatch.setattr(registry, "_REGISTRY", {**registry.all_backends(), **{n: _Named(n) for n in names}})
+    return names
+
+
+def _spy_order(monkeypatch, order: list, rows: list):
+    real = microbench._Job.time_round
+
+    def spy(self, case, entry):
+        order.append((case.seq_q, entry.backend.name, len(rows)))
+        return real(self, case, entry)
+
+    monkeypatch.setattr(microbench._Job, "time_round", spy)
+
+
+def test_rounds_rotate_the_backends_of_a_case_and_rows_come_when_a_case_is_done(three, monkeypatch):
+    order, rows = [], []
+    _spy_order(monkeypatch, order, rows)
+    cases = [tiny(), tiny(seq_q=32, seq_kv=32)]
+    run_group(cases, three, RunOptions(cpu_min_run_time_s=0.005, numerics=False, repeats=3), log=lambda s: None,
+              rows=rows)
+    first = [(b, n) for s, b, n in order if s == 16]
+    assert [b for b, _ in first] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert {n for _, n in first} == {0}  # no row of the first case before all its rounds are done
+    assert {n for s, _, n in order if s == 32} == {3}  # the first case's three rows, appended together
+    assert len(rows) == 6
+
+
+def test_a_row_carries_its_rounds_interval_and_job(three, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_LEASE", "cpu")
+    rows = run_group([tiny()], three, RunOptions(cpu_min_run_time_s=0.005, numerics=False, repeats=4),
+                     log=lambda s: None)
+    df = to_frame(rows)
+    assert (df["n_rounds"] == 4).all() and df["round_ms"].map(len).eq(4).all()
+    assert (df["ms_ci_low"] <= df["ms_median"]).all() and (df["ms_median"] <= df["ms_ci_high"]).all()
+    assert df["job_id"].nunique() == 1 and df["timing_lock"].all()
+    assert df["cpu_clock_mhz"].notna().all() or not timing_cpu_clock_readable()
+    assert df["other_cpu_share"].ge(0).all() and df["device_shared"].notna().all()
+    assert df["sm_clock_mhz"].isna().all() and df["energy_j"].isna().all()  # CPU: no NVML, no energy counter
+
+
+def timing_cpu_clock_readable() -> bool:
+    from attnbench.bench.telemetry import CpuSource
+
+    return CpuSource().clock_mhz() == CpuSource().clock_mhz()  # not NaN
+
+
+def test_a_backend_that_fails_in_a_later_round_is_its_own_error_row(three, monkeypatch):
+    real = microbench._Job.time_round
+    seen = []
+
+    def flaky(self, case, entry):
+        seen.append(entry.backend.name)
+        if entry.backend.name == "b" and seen.count("b") == 2:
+            raise RuntimeError("the second round of b broke")
+        return real(self, case, entry)
+
+    monkeypatch.setattr(microbench._Job, "time_round", flaky)
+    rows = run_group([tiny()], three, RunOptions(cpu_min_run_time_s=0.005, numerics=False, repeats=3),
+                     log=lambda s: None)
+    by = {r["backend"]: r for r in rows}
+    assert by["b"]["status"] == "error" and "second round of b broke" in by["b"]["reason"]
+    assert by["a"]["status"] == by["c"]["status"] == "ok" and by["a"]["n_rounds"] == by["c"]["n_rounds"] == 3
+    assert seen.count("b") == 2  # b is not timed again once it failed
+
+
+def test_throttled_rounds_are_timed_again_when_asked(three, monkeypatch):
+    from attnbench.bench import telemetry
+
+    class Throttled:
+        """Every reading of the first two windows says the power cap is active, none after."""
+
+        samples = False
+        windows = 0
+
+        def read(self, with_processes=False):
+            return telemetry.Reading(throttled=1.0 if Throttled.windows < 4 else 0.0)
+
+        def energy_mj(self):
+            return float("nan")
+
+    real_window = telemetry.Telemetry.window
+
+    def counting(self):
+        Throttled.windows += 1
+        return real_window(self)
+
+    monkeypatch.setattr(telemetry.Telemetry, "open", classmethod(lambda cls, d, i: cls(Throttled(), i)))
+    monkeypatch.setattr(telemetry.Telemetry, "window", counting)
+    rows = run_group([tiny()], ["a"], RunOptions(cpu_min_run_time_s=0.005, numerics=False, repeats=2,
+                                                 discard_throttled=True), log=lambda s: None)
+    # windows 1-3 throttled: rounds discarded up to `repeats` (2) times, then kept
+    assert rows[0]["n_discarded"] == 2 and rows[0]["n_rounds"] == 2
+    assert rows[0]["throttle_share"] == pytest.approx(0.5)  # the kept rounds: window 3 throttled, 4 not
+
+
+class _Hog(_Named):
+    """Holds a 256 MB buffer from build() on, as a backend's layout copies or workspace would."""
+
+    def build(self, case, tensors):
+        held = torch.empty(256 * 1024**2, dtype=torch.uint8, device="cuda")
+        fn = super().build(case, tensors)
+        return lambda: (held, fn())[1]
+
+
+@pytest.mark.gpu
+def test_peak_memory_of_a_row_leaves_out_the_other_backends_callables(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", {**registry.all_backends(), "hog": _Hog("hog"), "b": _Named("b")})
+    case = tiny(seq_q=1024, seq_kv=1024)
+    rows = run_group([case], ["hog", "b"], RunOptions(device="cuda", numerics=False, repeats=1, energy_ms=0),
+                     log=lambda s: None)
+    by = {r["backend"]: r for r in rows}
+    assert by["hog"]["peak_mem_bytes"] >= 256 * 1024**2
+    assert by["b"]["peak_mem_bytes"] < 64 * 1024**2  # the hog's buffer is alive, but not b's
 
 
 @pytest.mark.parametrize("uuid, visible, index, expected", [

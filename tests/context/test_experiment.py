@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -142,20 +144,30 @@ def test_cli_end_to_end(tmp_path, config, checkpoint):
                          "--out", str(tmp_path / f"cost-{group}.parquet")]) == 0
     assert cli.main(["context", "rope-overhead", "--job", str(job / "rope-overhead.json"),
                      "--out", str(tmp_path / "rope.parquet")]) == 0
-    assert cli.main(["context", "tables", "--capability", str(tmp_path / "dyn.parquet"), "--cost",
+    results = tmp_path / "results" / "s"  # a sweep folder: merged parts, then the stage's tables
+    (results / "context").mkdir(parents=True)
+    shutil.copy(tmp_path / "rope.parquet", results / "context" / "rope_overhead.parquet")
+    assert cli.main(["context", "merge", "--capability", str(tmp_path / "dyn.parquet"), "--cost",
                      str(tmp_path / "cost-prefill.parquet"), str(tmp_path / "cost-decode.parquet"),
-                     "--rope-overhead", str(tmp_path / "rope.parquet"), "--out-dir", str(tmp_path / "tables")]) == 0
+                     "--out-capability", str(results / "context" / "capability.parquet"),
+                     "--out-cost", str(results / "context" / "cost.parquet")]) == 0
+    assert cli.main(["tables", "context", "--results", str(results)]) == 0
 
-    cost = pd.read_parquet(tmp_path / "tables" / "cost.parquet")
+    cost = pd.read_parquet(results / "context" / "cost.parquet")
     assert len(cost) == (4 + 1) * 2 and (cost["status"] == "ok").all() and cost["ms_median"].gt(0).all()
     assert set(cost["bound"]) <= {"memory", "compute", "latency"} and cost["rel_err"].isna().all()
     rope = pd.read_parquet(tmp_path / "rope.parquet")
     assert set(rope["method"]) == {"none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3"}
     assert sorted(set(rope["seq"])) == [64, 128] and rope["tables_ms"].gt(0).all()
-    for name in ("perplexity_sliding", "perplexity_truncated", "passkey", "cost", "rope_overhead"):
-        text = (tmp_path / "tables" / f"{name}.md").read_text()
-        assert text.count("\n") >= 3, name
-    assert "dynamic NTK" in (tmp_path / "tables" / "perplexity_sliding.md").read_text()
+    index = json.loads((results / "context" / "tables" / "index.json").read_text())
+    assert [t["name"] for t in index["tables"]] == ["perplexity_sliding", "perplexity_truncated", "passkey", "cost",
+                                                   "rope_overhead"]
+    assert [f["name"] for f in index["figures"]] == ["perplexity"]
+    for entry in index["tables"]:
+        text = (results / "context" / entry["files"]["md"]).read_text()
+        assert text.count("\n") >= 3, entry["name"]
+    assert not any(t["empty"] for t in index["tables"] if t["name"] != "passkey")  # passkey is off on a CPU
+    assert "dynamic NTK" in (results / "context" / "tables" / "perplexity_sliding.md").read_text()
 
 
 def test_cli_bad_job_is_one_line(tmp_path, capsys):

@@ -4,7 +4,8 @@ import pytest
 
 from attnbench.bench import conventions as cv
 from attnbench.case import Case
-from attnbench.report.hbm import FIGURES, write_figures
+from attnbench.report import hbm as hbm_report
+from attnbench.report.artifacts import write_stage
 from attnbench.hbm.ledger import LedgerShape, build_ledger
 from attnbench.hbm.stage import model_family
 
@@ -43,7 +44,7 @@ def test_paged_decode_adds_its_page_table():
     assert model_family(case(), "fused") == "flash-style" and model_family(case(), "eager") == "eager"
 
 
-def test_figures_render_with_and_without_measured_rows(tmp_path):
+def test_tables_and_figures_render_with_and_without_measured_rows(tmp_path):
     """Synthetic rows (hand-made test input, not results) exercise every panel; empty input still writes files."""
     c = case()
     row = {**c.fields(), "case_id": c.case_id, "group": "fwd", "status": "ok", "reason": "", "flops": cv.flops(c),
@@ -54,8 +55,14 @@ def test_figures_render_with_and_without_measured_rows(tmp_path):
                          "intensity_measured": row["flops"] / (m * row["bytes_min"]), "gbps_measured": 300.0,
                          "bound_measured": "compute"} for b, m in (("sdpa-flash", 1.2), ("eager", 40.0))])
     ledger = build_ledger(LedgerShape(), hbm)
-    paths = write_figures(hbm, ledger, tmp_path / "full")
-    assert [p.name for p in paths] == list(FIGURES) and all(p.stat().st_size > 10_000 for p in paths)
+    index = write_stage("hbm", hbm_report.build(hbm, ledger), tmp_path / "full")
+    assert [f["name"] for f in index["figures"]] == list(hbm_report.FIGURE_NAMES)
+    assert [t["name"] for t in index["tables"]] == list(hbm_report.TABLE_NAMES)
+    assert all((tmp_path / "full" / f["files"]["png"]).stat().st_size > 10_000 for f in index["figures"])
+    measured = pd.read_csv(tmp_path / "full" / "tables" / "bytes.csv").set_index("backend")
+    assert measured.loc["eager", "ratio_measured_min"] == 40.0
     empty = hbm.assign(status="unavailable", reason="no CUDA device")
-    paths = write_figures(empty, build_ledger(LedgerShape(), empty), tmp_path / "empty")
-    assert all(p.stat().st_size > 1_000 for p in paths)
+    index = write_stage("hbm", hbm_report.build(empty, build_ledger(LedgerShape(), empty)), tmp_path / "empty")
+    assert all((tmp_path / "empty" / f["files"]["png"]).stat().st_size > 1_000 for f in index["figures"])
+    bytes_entry = index["tables"][0]
+    assert bytes_entry["empty"] and "no CUDA device" in (tmp_path / "empty" / bytes_entry["files"]["md"]).read_text()

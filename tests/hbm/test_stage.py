@@ -5,6 +5,7 @@ an empty report, and on ``--import`` prints a hand-written CSV in ncu's raw-page
 format: a FORMAT FIXTURE, not a measurement. What is tested is the plumbing: the
 plan, the child's manifest, crash recovery, attribution and the row arithmetic.
 """
+import json
 import stat
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from attnbench.bench import conventions
-from attnbench.case import Case
+from attnbench.case import WORKLOAD_DEFAULTS, Case
 from attnbench.bench.results import STATUSES
 from attnbench.cli import main
 from attnbench.hbm.ncu import NcuSettings
@@ -28,7 +29,9 @@ FAKE_NCU = textwrap.dedent(f"""\
     import hashlib, json, os, subprocess, sys
     argv = sys.argv[1:]
 
-    def case_id(fields):  # Case.case_id, without importing torch
+    def case_id(fields):  # Case.case_id (the workload fields at their defaults left out), without importing torch
+        defaults = json.loads({json.dumps(json.dumps(WORKLOAD_DEFAULTS))})
+        fields = {{k: v for k, v in fields.items() if k not in defaults or v != defaults[k]}}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
     if "--version" in argv:

@@ -15,7 +15,7 @@ from attnbench.bench.microbench import RunOptions, base_row, run_group
 from attnbench.bench.numerics import check_numerics
 from attnbench.kernels import flash_attn, flashinfer, get_backend, safe_available
 from attnbench.kernels.eager import eager_attention
-from attnbench.kernels.flashinfer import PageTable, from_paged, from_ragged, indptr, to_paged, to_ragged
+from attnbench.kernels.flashinfer import from_ragged, indptr, to_ragged
 
 ADAPTERS = ["fa2", "fa3", "fa3-fp8", "fa4", "flashinfer", "flashinfer-fp8kv", "flashinfer-mla"]
 MODULES = {"fa2": "flash_attn", "fa3": "flash_attn_interface", "fa3-fp8": "flash_attn_interface",
@@ -67,7 +67,12 @@ def test_microbench_rows_for_missing_adapters_say_how_to_install():
     ("fa4", {}, True),
     ("fa4", dict(mode="fwd_bwd", layout="mqa", heads_kv=1), True),
     ("fa4", dict(dtype="fp32"), False),
-    ("fa4", dict(mode="decode", seq_q=1, causal=False, page_size=16), False),
+    ("fa4", dict(mode="decode", seq_q=1, causal=False, page_size=16), True),  # flash_attn_varlen_func's page_table
+    ("fa4", dict(variant="alibi"), False),
+    ("fa4", dict(variant="prefix_lm", prefix_len=8), False),
+    ("fa4", dict(variant="sliding_window", window=8), True),
+    ("fa2", dict(variant="softcap", softcap=30.0), False),
+    ("fa3", dict(mode="decode", seq_q=1, causal=False, seq_lens_kv=(40, 12)), False),
     ("fa4", dict(layout="mla", heads_kv=1, head_dim_qk=576, head_dim_v=512), False),
     ("fa2", dict(head_dim_qk=32, head_dim_v=32), True),
     ("fa3-fp8", {}, True),
@@ -108,30 +113,6 @@ def test_bshd_and_ragged_layouts_round_trip():
     assert indptr(3, 5).tolist() == [0, 5, 10, 15] and indptr(3, 5).dtype == torch.int32
 
 
-def test_page_table_for_a_sequence_that_does_not_fill_its_last_page():
-    table = PageTable.contiguous(batch=2, seq_kv=40, page_size=16)
-    assert table.indptr.tolist() == [0, 3, 6] and table.indices.tolist() == list(range(6))
-    assert table.last_page_len.tolist() == [8, 8] and table.num_pages == 6 and table.pages_per_request == 3
-    assert all(t.dtype == torch.int32 for t in (table.indptr, table.indices, table.last_page_len))
-    full = PageTable.contiguous(batch=1, seq_kv=32, page_size=16)
-    assert full.last_page_len.tolist() == [16]
-    with pytest.raises(ValueError, match="page_size=0"):
-        PageTable.contiguous(batch=1, seq_kv=32, page_size=0)
-
-
-def test_paged_cache_follows_the_page_table_and_pads_with_zeros():
-    k = torch.randn(2, 3, 40, 8)  # (B, Hkv, Skv, D)
-    table = PageTable.contiguous(2, 40, 16)
-    shuffled = PageTable(table.indptr, torch.tensor([4, 0, 5, 2, 1, 3], dtype=torch.int32), table.last_page_len, 16)
-    for t in (table, shuffled):
-        pages = to_paged(k, t)  # (num_pages, page_size, Hkv, D), NHD inside a page
-        assert pages.shape == (6, 16, 3, 8)
-        assert torch.equal(from_paged(pages, t, 40), k)
-    pages = to_paged(k, shuffled)
-    # request 1's tokens 32..39 sit at the start of its third page, shuffled.indices[5] == 3
-    assert torch.equal(pages[3, :8], k[1, :, 32:40].transpose(0, 1)) and not pages[3, 8:].any()
-
-
 def test_e4m3_quantisation_descales_back_within_fp8_precision():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 50, 4, 16, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 500.0]).view(1, 1, 4, 1)
@@ -166,6 +147,13 @@ def test_decode_uses_tensor_cores_above_group_four():
 def _reference(q, k, v, causal, scale):
     """BHSD attention in fp64 (the harness's eager path with bottom-right causal)."""
     return eager_attention(q.double(), k.double(), v.double(), causal=causal, scale=scale)
+
+
+def csr_rows(pages, indptr, indices, lengths):
+    """Each request's KV rows read back from pages through a CSR page table, as a kernel reads them:
+    request b's pages ``indices[indptr[b]:indptr[b+1]]``, their first ``lengths[b]`` tokens."""
+    ptr, idx = indptr.tolist(), indices.long()
+    return [pages[idx[ptr[b]:ptr[b + 1]]].flatten(0, 1)[:n] for b, n in enumerate(lengths)]
 
 
 class FakeFlashInferMLA(types.ModuleType):
@@ -225,7 +213,7 @@ class FakeFlashInfer(types.ModuleType):
     def __init__(self):
         super().__init__("flashinfer")
         self.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
-        self.calls = []
+        self.calls, self.plans = [], []
         self.mla = FakeFlashInferMLA(self.calls)
 
     def single_prefill_with_kv_cache(self, q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
@@ -245,6 +233,9 @@ class FakeFlashInfer(types.ModuleType):
                      use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
                      rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None, **unused):
                 self.qo, self.kv, self.causal, self.scale = qo_indptr.tolist(), kv_indptr.tolist(), causal, sm_scale
+                fake.plans.append(dict(qo_indptr=self.qo, kv_indptr=self.kv, causal=causal, custom_mask=custom_mask,
+                                       pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                                       logits_soft_cap=logits_soft_cap))
                 fake.calls.append("ragged_plan")
 
             def run(self, q, k, v):
@@ -270,19 +261,23 @@ class FakeFlashInfer(types.ModuleType):
             def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
                      pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
                      kv_data_type=None, o_data_type=None, sm_scale=None, **unused):
-                self.table = PageTable(indptr, indices, last_page_len, page_size)
+                self.indptr, self.indices, self.size = indptr, indices, page_size
+                self.lens = ((indptr[1:] - indptr[:-1] - 1) * page_size + last_page_len).tolist()
                 self.scale, self.kv_dtype = sm_scale, kv_data_type
+                self.options = dict(pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                                    logits_soft_cap=logits_soft_cap)
+                fake.plans.append(self.options)
                 fake.calls.append("decode_plan")
 
             def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, **unused):
                 fake.calls.append("decode_run")
                 k_pages, v_pages = paged_kv_cache
                 assert k_pages.dtype == self.kv_dtype
-                size = self.table.page_size
-                lens = ((self.table.indptr[1:] - self.table.indptr[:-1] - 1) * size + self.table.last_page_len).tolist()
-                k = from_paged(k_pages.float(), self.table, max(lens)) * (k_scale or 1.0)
-                v = from_paged(v_pages.float(), self.table, max(lens)) * (v_scale or 1.0)
-                return _reference(q[:, :, None], k, v, False, self.scale)[:, :, 0].to(q.dtype)
+                ks = csr_rows(k_pages.float() * (k_scale or 1.0), self.indptr, self.indices, self.lens)
+                vs = csr_rows(v_pages.float() * (v_scale or 1.0), self.indptr, self.indices, self.lens)
+                outs = [_reference(q[b:b + 1, :, None], ks[b].transpose(0, 1)[None], vs[b].transpose(0, 1)[None],
+                                   False, self.scale)[:, :, 0] for b in range(len(self.lens))]
+                return torch.cat(outs).to(q.dtype)
 
         return Decode()
 
@@ -347,7 +342,9 @@ def test_flashinfer_mla_build_pages_the_latent_and_plans_outside_the_timed_call(
     pages = -(-45 // size)
     plan = mla.plans[0]
     assert plan["qo_indptr"].tolist() == [0, 1, 2]  # one query token per request
-    assert plan["kv_indptr"].tolist() == [0, pages, 2 * pages] and plan["kv_indices"].tolist() == list(range(2 * pages))
+    # pages from a shuffled free list: every page of the pool once, not in order
+    assert plan["kv_indptr"].tolist() == [0, pages, 2 * pages]
+    assert sorted(plan["kv_indices"].tolist()) == list(range(2 * pages))
     assert plan["kv_len_arr"].tolist() == [45, 45]
     assert all(plan[k].dtype == torch.int32 for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"))
     assert (plan["num_heads"], plan["head_dim_ckv"], plan["head_dim_kpe"], plan["page_size"]) == (16, 512, 64, size)
@@ -357,10 +354,12 @@ def test_flashinfer_mla_build_pages_the_latent_and_plans_outside_the_timed_call(
     assert torch.equal(q_nope, t.q[:, :, 0, :512]) and torch.equal(q_pe, t.q[:, :, 0, 512:])
     assert ckv.shape == (2 * pages, size, 512) and kpe.shape == (2 * pages, size, 64)
     assert all(x.is_contiguous() for x in (q_nope, q_pe, ckv, kpe))
-    table = PageTable(plan["kv_indptr"], plan["kv_indices"], torch.tensor([45 - (pages - 1) * size] * 2), size)
-    assert torch.equal(from_paged(ckv[:, :, None], table, 45), t.k[..., :512])  # (B, 1, Skv, d_c)
-    assert torch.equal(from_paged(kpe[:, :, None], table, 45), t.k[..., 512:])
-    assert not ckv[pages - 1, 45 - (pages - 1) * size:].any()  # the last page's padding is zero
+    for b, rows in enumerate(csr_rows(ckv, plan["kv_indptr"], plan["kv_indices"], [45, 45])):
+        assert torch.equal(rows, t.k[b, 0, :, :512])  # (Skv, d_c)
+    for b, rows in enumerate(csr_rows(kpe, plan["kv_indptr"], plan["kv_indices"], [45, 45])):
+        assert torch.equal(rows, t.k[b, 0, :, 512:])
+    last = plan["kv_indices"][pages - 1].item()  # request 0's last page
+    assert not ckv[last, 45 - (pages - 1) * size:].any()  # its padding is zero
 
 
 @pytest.mark.parametrize("page_size", [0, 16, 7])
@@ -416,15 +415,57 @@ class FakeFlashAttnCute(types.ModuleType):
         self.__spec__ = importlib.machinery.ModuleSpec("flash_attn.cute", None)
 
     @staticmethod
-    def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False, **unused):
+    def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
+                        window_size=(None, None), learnable_sink=None, softcap=0.0, **unused):
         assert q.dim() == 4 and q.is_contiguous() and qv is None
-        group = q.shape[2] // k.shape[2]  # BSHD: heads at dim 2
-        kk, vv = (x.repeat_interleave(group, dim=2) for x in (k, v))
-        scores = torch.einsum("bshd,bthd->bhst", q.float(), kk.float()) * softmax_scale
+        outs = [FakeFlashAttnCute._attend(q[b], k[b], v[b], softmax_scale, causal, window_size, softcap)
+                for b in range(q.shape[0])]
+        return torch.stack(outs), None
+
+    @staticmethod
+    def _attend(qb, kb, vb, softmax_scale, causal, window_size, softcap):
+        """One sequence, (S, H, D) each: causal bottom-right, window (left, right), softcap on the scaled scores."""
+        group = qb.shape[1] // kb.shape[1]
+        kk, vv = (x.repeat_interleave(group, dim=1).float() for x in (kb, vb))
+        scores = torch.einsum("shd,thd->hst", qb.float(), kk) * softmax_scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        sq, skv = qb.shape[0], kb.shape[0]
+        p = torch.arange(sq)[:, None] + skv - sq
+        j = torch.arange(skv)[None, :]
+        keep = torch.ones(sq, skv, dtype=torch.bool)
         if causal:
-            sq, skv = q.shape[1], k.shape[1]
-            scores = scores.masked_fill(torch.ones(sq, skv, dtype=torch.bool).triu(skv - sq + 1), float("-inf"))
-        out = torch.einsum("bhst,bthd->bshd", scores.softmax(-1), vv.float()).to(q.dtype)
+            keep &= j <= p
+        left, right = window_size
+        if left is not None:
+            keep &= j >= p - left
+        if right is not None:
+            keep &= j <= p + right
+        scores = scores.masked_fill(~keep, float("-inf"))
+        return torch.einsum("hst,thd->shd", scores.softmax(-1), vv).to(qb.dtype)
+
+    @staticmethod
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                               seqused_q=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
+                               window_size=(None, None), learnable_sink=None, softcap=0.0, **unused):
+        """Varlen (q (total, H, D) with cu_seqlens) or paged (q (B, Sq, H, D), k/v pages with page_table and
+        seqused_k); causal bottom-right per sequence, window (left, right), softcap on the scaled scores."""
+        if page_table is not None:
+            assert cu_seqlens_k is None and page_table.dtype == torch.int32 and seqused_k.dtype == torch.int32
+            size = k.shape[1]
+            qs = [q[b] for b in range(q.shape[0])]
+            ks = [k[page_table[b]].flatten(0, 1)[:n] for b, n in enumerate(seqused_k.tolist())]
+            vs = [v[page_table[b]].flatten(0, 1)[:n] for b, n in enumerate(seqused_k.tolist())]
+            assert all(n <= page_table.shape[1] * size for n in seqused_k.tolist())
+        else:
+            assert cu_seqlens_q.dtype == torch.int32 and q.dim() == 3 and q.is_contiguous()
+            cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+            assert max_seqlen_q == max(b - a for a, b in zip(cq, cq[1:]))
+            qs = [q[a:b] for a, b in zip(cq, cq[1:])]
+            ks, vs = [k[a:b] for a, b in zip(ck, ck[1:])], [v[a:b] for a, b in zip(ck, ck[1:])]
+        outs = [FakeFlashAttnCute._attend(qb, kb, vb, softmax_scale, causal, window_size, softcap)
+                for qb, kb, vb in zip(qs, ks, vs)]
+        out = torch.stack(outs) if page_table is not None else torch.cat(outs)
         return out, None
 
 
@@ -444,3 +485,80 @@ def test_fa4_wiring_forward_and_backward(monkeypatch):
             torch.testing.assert_close(flash_attn.from_bshd(got), want, rtol=5e-2, atol=5e-2)
     finally:
         flash_attn._import.cache_clear()
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", FakeFlashAttnCute())
+    flash_attn._import.cache_clear()
+    yield get_backend("fa4")
+    flash_attn._import.cache_clear()
+
+
+FA4_CASES = {
+    "ragged prefill": dict(layout="gqa", heads_q=4, head_dim=64, gqa_group=2, causal=True, dtype="bf16",
+                           workload={"distribution": "uniform", "min_len": 5, "max_len": 40, "token_budget": 90,
+                                     "batches": 1}),
+    "chunked": dict(layout="mha", heads_q=2, head_dim=64, causal=True, dtype="bf16",
+                    workload={"distribution": "uniform", "min_len": 30, "max_len": 60, "token_budget": 64,
+                              "chunk": 24, "batches": 2}),
+    "paged decode": dict(mode="decode", layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16",
+                         page_size=16, workload={"distribution": "lognormal", "median_len": 40, "sigma": 0.5,
+                                                 "requests": 3, "batches": 1}),
+    "dense paged decode": dict(mode="decode", layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16",
+                               page_size=16, batch=2, seq=45),
+    "sliding window": dict(layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16", causal=True, seq=40,
+                           batch=2, variant="sliding_window", window=7),
+    "softcap": dict(layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16", seq=40, batch=2,
+                    variant="softcap", softcap=2.0),
+    "documents": dict(layout="gqa", heads_q=4, gqa_group=2, head_dim=64, dtype="bf16", causal=True, seq=40,
+                      batch=2, variant="document", doc_len=15),
+}
+
+
+@pytest.mark.parametrize("name", list(FA4_CASES))
+def test_fa4_ragged_paged_and_variant_wiring_matches_fp64(fake_fa4, name):
+    from attnbench.bench.numerics import check_built
+    from attnbench.workloads.grid import expand_grid
+
+    c = expand_grid({"mode": "fwd", **FA4_CASES[name]})[-1]
+    ok, reason = fake_fa4.supports(c)
+    assert ok, reason
+    result = check_built(c, fake_fa4, "cpu", seed=3)
+    assert 0 < result.out.rel_err < 1e-2 and result.worst_ratio_vs_eager() <= 2.0
+
+
+def test_flashinfer_ragged_prefill_plans_the_real_indptr(fake_flashinfer):
+    from attnbench.bench.numerics import check_built
+    from attnbench.workloads.grid import expand_grid
+
+    c = expand_grid({"mode": "fwd", "layout": "gqa", "heads_q": 4, "gqa_group": 2, "head_dim": 64, "causal": True,
+                     "dtype": "bf16", "workload": {"distribution": "uniform", "min_len": 20, "max_len": 60,
+                                                   "token_budget": 96, "chunk": 32, "batches": 2}})[-1]
+    result = check_built(c, get_backend("flashinfer"), "cpu", seed=1)
+    assert result.out.rel_err < 1e-2 and result.worst_ratio_vs_eager() <= 2.0
+    plan = fake_flashinfer.plans[-1]
+    assert plan["qo_indptr"] == [0, *torch.tensor(c.lens_q).cumsum(0).tolist()]
+    assert plan["kv_indptr"] == [0, *torch.tensor(c.lens_kv).cumsum(0).tolist()] and plan["causal"] is True
+
+
+@pytest.mark.parametrize("variant, plan_keys", [
+    (dict(variant="sliding_window", window=7), {"window_left": 7}),
+    (dict(variant="softcap", softcap=30.0), {"logits_soft_cap": 30.0}),
+    (dict(variant="alibi"), {"pos_encoding_mode": "ALIBI"}),
+])
+def test_flashinfer_variants_go_through_plan(fake_flashinfer, variant, plan_keys):
+    for mode, seq_q in (("fwd", 40), ("decode", 1)):
+        c = case(mode=mode, seq_q=seq_q, seq_kv=40, causal=mode == "fwd", **variant)
+        get_backend("flashinfer").build(c, make_tensors(c, "cpu", seed=0))
+        plan = fake_flashinfer.plans[-1]
+        assert {k: plan[k] for k in plan_keys} == plan_keys
+
+
+def test_flashinfer_prefix_lm_passes_the_flattened_custom_mask(fake_flashinfer):
+    c = case(seq_q=12, seq_kv=12, variant="prefix_lm", prefix_len=5)
+    get_backend("flashinfer").build(c, make_tensors(c, "cpu", seed=0))
+    mask = fake_flashinfer.plans[-1]["custom_mask"]
+    assert mask.dtype == torch.bool and mask.shape == (2 * 12 * 12,)  # each request's (q, kv) mask, row-major
+    first = mask[:144].view(12, 12)
+    assert first[0, 4] and not first[0, 5] and first[11].all() and first[6, 6] and not first[6, 7]

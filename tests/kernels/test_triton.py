@@ -404,3 +404,33 @@ def test_kernels_compile_for_hopper_with_wgmma():
     for row in (dkdv, dq):  # the separate dQ path: wgmma, no atomics, no spills
         assert row["HGMMA"] > 0 and "REDG" not in row and "HMMA" not in row and row["stack_bytes"] == 0
     assert fp8["QGMMA"] > 0 and "HMMA" not in fp8
+
+
+def test_varlen_forward_matches_each_sequence_alone(kernels):
+    """cu_seqlens: sequences end to end, chunks after cached prefixes (bottom-right per sequence), GQA; the
+    output and LSE of each sequence equal the dense kernel's on that sequence alone."""
+    from attnbench.case import cu_seqlens
+
+    lens_q, lens_kv = (5, 40, 17, 1), (30, 40, 50, 9)
+    dtype = torch.float16 if not ON_GPU else torch.bfloat16
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    q = torch.randn(1, 4, sum(lens_q), 32, generator=gen, device=DEVICE).to(dtype)
+    k = torch.randn(1, 2, sum(lens_kv), 32, generator=gen, device=DEVICE).to(dtype)
+    v = torch.randn(1, 2, sum(lens_kv), 32, generator=gen, device=DEVICE).to(dtype)
+    cq, ck = cu_seqlens(lens_q, DEVICE), cu_seqlens(lens_kv, DEVICE)
+    for causal in (False, True):
+        out, lse = kernels.varlen_forward(q, k, v, cq, ck, max_seqlen_q=max(lens_q), max_seqlen_kv=max(lens_kv),
+                                          causal=causal, scale=0.2)
+        for b in range(len(lens_q)):
+            rows, keys = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+            alone, alone_lse = kernels.forward(q[:, :, rows].contiguous(), k[:, :, keys].contiguous(),
+                                               v[:, :, keys].contiguous(), causal=causal, scale=0.2)
+            torch.testing.assert_close(out[:, :, rows], alone, rtol=2e-3, atol=2e-3)
+            torch.testing.assert_close(lse[:, :, rows], alone_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_varlen_forward_refuses_a_batch_that_is_not_packed(kernels):
+    q = torch.zeros(2, 4, 8, 32, dtype=torch.float16, device=DEVICE)
+    offsets = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="allowed: one packed batch row"):
+        kernels.varlen_forward(q, q, q, offsets, offsets, max_seqlen_q=8, max_seqlen_kv=8, causal=False, scale=1.0)

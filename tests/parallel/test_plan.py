@@ -84,3 +84,10 @@ def test_bad_values_are_one_line_errors_before_any_job(section, message):
 def test_the_cuda_block_is_checked_on_a_cpu_host():
     with pytest.raises(ConfigError, match="context_parallel.cuda: unknown key 'repz'"):
         plan_of({"cuda": {"repz": 3}})
+
+
+def test_a_group_with_a_workload_or_variant_key_is_refused():
+    group = {"mode": "fwd", "heads_q": 4, "head_dim": 16, "seq": 64, "causal": True, "variant": "sliding_window",
+             "window": 16}
+    with pytest.raises(ConfigError, match=r"context_parallel\.groups\.g: variant, window is not allowed"):
+        plan_of({"groups": {"g": group}})

@@ -6,6 +6,8 @@ import pytest
 from attnbench.case import Case
 from attnbench.parallel.columns import frame
 from attnbench.report import context_parallel as cp
+from attnbench.report import stages
+from attnbench.workflow import paths
 
 CASE = Case("fwd_bwd", "gqa", 1, 16, 4, 128, 128, 65536, 65536, True, "bf16")
 
@@ -14,7 +16,7 @@ def row(world, sharding, backend, ms, status="ok", seq=65536, **extra):
     case = Case(**{**CASE.fields(), "seq_q": seq, "seq_kv": seq})
     flops = 1e12 * seq / 65536
     base = {**case.fields(), "case_id": case.case_id, "backend": backend, "status": status, "reason": "",
-            "world_size": world, "sharding": sharding, "workload": "dense", "doc_lengths": "", "device_name": "GPU",
+            "world_size": world, "sharding": sharding, "packing": "dense", "doc_lengths": "", "device_name": "GPU",
             "flops": flops}
     if status == "ok":
         base.update(ms_median=ms, tflops=flops / ms * 1e3 / 1e12, tflops_per_gpu=flops / ms * 1e3 / 1e12 / world)
@@ -45,8 +47,8 @@ def test_tables_show_the_baseline_under_each_sharding_and_status_words(tmp_path)
     assert tflops.loc[("striped", "torch-cp-alltoall"), "N=2"] == "unsupported"
     eff = tables["cp_efficiency"].display.reset_index().set_index(["sharding", "backend"])
     assert eff.loc[("zigzag", "ring-sdpa-flash"), "N=2"] == "90.9"
-    index = cp.write_tables(df, tmp_path)
-    assert set(index) == set(cp.TABLE_NAMES) and (tmp_path / "cp_efficiency.tex").read_text().count("toprule") == 1
+    paths_ = tables["cp_efficiency"].write(tmp_path)
+    assert paths_[1].read_text().count("toprule") == 1
 
 
 def test_memory_fit_follows_the_line_through_the_two_longest_lengths():
@@ -58,5 +60,19 @@ def test_memory_fit_follows_the_line_through_the_two_longest_lengths():
 def test_figures_render_with_rows_and_without(tmp_path):
     df = cp.merge([frame(ROWS + [row(2, "zigzag", "ring-sdpa-flash", 1.2, seq=16384, compute_ms_max=1.0,
                                      compute_ms_mean=0.9, comm_ms=0.3, exposed_comm_ms=0.2)])])
-    for paths in (cp.write_figures(df, tmp_path / "with"), cp.write_figures(cp.merge([]), tmp_path / "without")):
-        assert [p.stem for p in paths] == list(cp.FIGURE_NAMES) and all(p.stat().st_size > 1000 for p in paths)
+    for name, rows in (("with", df), ("without", cp.merge([]))):
+        figures = cp.build_figures(rows)
+        assert [f.name for f in figures] == list(cp.FIGURE_NAMES) and all(f.caption for f in figures)
+        written = [p for f in figures for p in f.write(tmp_path / name)]
+        assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_the_stage_registry_writes_the_declared_outputs_from_the_merged_file(tmp_path):
+    results = tmp_path / "results" / "s"
+    merged = paths.within(results, paths.CP_TABLE)
+    merged.parent.mkdir(parents=True)
+    cp.merge([frame(ROWS)]).to_parquet(merged)
+    index = stages.write("context_parallel", results)
+    assert [t["name"] for t in index["tables"]] == list(cp.TABLE_NAMES)
+    assert [f["name"] for f in index["figures"]] == list(cp.FIGURE_NAMES)
+    assert "context_parallel" in [s.name for s in stages.SECTIONS]

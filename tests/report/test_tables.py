@@ -9,7 +9,8 @@ from attnbench.case import Case
 from attnbench.bench.results import ResultsError, empty_row, to_frame
 from attnbench.report import tables
 from attnbench.report.aggregate import load_results
-from attnbench.report.figures import FIGURE_NAMES, FORMATS, write_figures
+from attnbench.report.artifacts import FIGURE_FORMATS, StageOutputs, write_stage
+from attnbench.report.figures import FIGURE_NAMES, build_figures
 
 PEAK, BW = 100e12, 2e12  # ceilings of the made-up device
 
@@ -20,16 +21,21 @@ def _case(mode="fwd", layout="mha", seq=1024, causal=False, dtype="bf16", heads_
                 seq_q=1 if mode == "decode" else seq, seq_kv=seq, causal=causal, dtype=dtype)
 
 
-def _row(case, backend, status="ok", ms=1.0, err_ratio=1.0, reason=""):
+def _row(case, backend, status="ok", ms=1.0, err_ratio=1.0, reason="", job="job-1", drift=False):
     row = empty_row() | case.fields()
     row.update(sweep="t", group="g", case_id=case.case_id, backend=backend, status=status, reason=reason,
                device="cuda", device_name="Made-up GPU", driver="1.0", torch_version="2.x",
                peak_flops=PEAK, peak_bytes_per_s=BW, flops=conventions.flops(case),
-               bytes_model=conventions.bytes_model(case, "fused"))
+               bytes_model=conventions.bytes_model(case, "fused"), job_id=job, drift_flag=drift)
     if status in ("ok", "numerics_fail"):
         s = ms / 1e3
-        row.update(ms_median=ms, tflops=row["flops"] / s / 1e12, gbps=row["bytes_model"] / s / 1e9,
-                   intensity=conventions.intensity(row["flops"], row["bytes_model"]), err_ratio_vs_math=err_ratio)
+        # five rounds within 1% of the median, the same pattern for every backend (as drift would make it)
+        row.update(ms_median=ms, ms_ci_low=0.99 * ms, ms_ci_high=1.01 * ms, n_rounds=5,
+                   round_ms=[ms * f for f in (0.99, 1.0, 1.01, 1.0, 0.995)],
+                   tflops=row["flops"] / s / 1e12, gbps=row["bytes_model"] / s / 1e9,
+                   intensity=conventions.intensity(row["flops"], row["bytes_model"]), err_ratio_vs_math=err_ratio,
+                   err_ratio_vs_eager=err_ratio, err_ratio_vs_best_fused=err_ratio / 0.9, max_err_ratio=2.0,
+                   rel_err=err_ratio * 1e-3, compute_dtype=case.dtype)
         row["bound"], row["frac_of_peak"] = conventions.roofline_bound(row["flops"], row["bytes_model"], s, PEAK, BW)
     return row
 
@@ -42,12 +48,14 @@ def frame():
         rows.append(_row(case, "fast", ms=1.0 * seq / 1024, err_ratio=1.5))
         rows.append(_row(case, "slow", ms=3.0 * seq / 1024, err_ratio=0.9))
         rows.append(_row(case, "missing", status="unavailable", reason="needs a GPU"))
+    # at S=1024 a backend 1% slower than the fastest in every round: a real difference, under the 3% margin
+    rows.append(_row(_case(seq=1024), "close", ms=1.01))
     rows.append(_row(_case(seq=1024, dtype="fp16"), "fast", status="numerics_fail", ms=0.5, err_ratio=9.0,
                      reason="error 9x"))
     for layout in ("mha", "gqa"):
         case = _case(mode="decode", layout=layout, seq=4096)
-        rows.append(_row(case, "fast", ms=0.1))
-        rows.append(_row(case, "slow", ms=0.2))
+        rows.append(_row(case, "fast", ms=0.1, job="job-2", drift=True))
+        rows.append(_row(case, "slow", ms=0.2, job="job-2", drift=True))
     return to_frame(rows)
 
 
@@ -71,11 +79,12 @@ def test_frac_peak_is_percent_of_roofline(frame):
     assert "copy 2000 GB/s" in t.caption
 
 
-def test_err_ratio_median_and_worst_per_dtype(frame):
+def test_err_ratio_shows_the_gate_and_the_best_fused_ratio_per_dtype(frame):
     t = tables.err_ratio_table(frame)
-    assert t.values.loc["fast", "bf16 median"] == pytest.approx(1.25)  # prefill 1.5, 1.5; decode 1.0, 1.0
-    assert t.values.loc["fast", "fp16 max"] == pytest.approx(9.0)
-    assert t.display.loc["slow", "bf16"] == "0.95 (max 1, n=4)"
+    assert t.values.loc["fast", "bf16 vs_eager_median"] == pytest.approx(1.25)  # prefill 1.5, 1.5; decode 1.0, 1.0
+    assert t.values.loc["fast", "fp16 vs_eager_max"] == pytest.approx(9.0)
+    assert t.display.loc["slow", "bf16"] == "0.95 (max 1); vs best fused 1.06; n=4"
+    assert "at most 2x" in t.caption and "eager" in t.caption and "0.125" in t.caption  # one baseline, stated
 
 
 def test_decode_table_is_per_layout(frame):
@@ -85,32 +94,59 @@ def test_decode_table_is_per_layout(frame):
     assert t.values.xs("gqa", level="layout").loc[(2, "fast"), "Skv=4096"] == pytest.approx(gbps)
 
 
-def test_winners_pick_the_fastest_ok_row_with_its_margin(frame):
+def test_winners_are_named_only_beyond_noise_and_the_margin(frame):
     t = tables.winners_table(frame)
-    prefill = t.values.xs("fwd", level="mode")
-    assert set(prefill["winner"]) == {"fast"} and prefill["speedup"].iloc[0] == pytest.approx(3.0)
+    prefill = t.values.xs("fwd", level="mode").reset_index().set_index("seq_kv")
+    assert prefill.loc[4096, "winner"] == "fast" and prefill.loc[4096, "speedup"] == pytest.approx(3.0)
+    assert prefill.loc[4096, "speedup_ci_low"] > 1
+    # 1% slower in every round: the interval excludes 1, but the margin is under report.min_margin (3%)
+    assert prefill.loc[1024, "winner"] == tables.TIE and prefill.loc[1024, "fastest"] == "fast"
+    assert prefill.loc[1024, "tied"] == "close"
     assert set(t.values["bound"]) <= {"memory", "compute", "latency"}
+    loose = tables.winners_table(frame, min_margin=0.001).values.xs("fwd", level="mode")
+    assert set(loose["winner"]) == {"fast"}  # with a smaller margin the 1% is a claim
+
+
+def test_numbers_carry_intervals_and_drift_marks(frame):
+    tflops = tables.tflops_table(frame).display.xs(("fwd", "bf16"), level=("mode", "dtype"))
+    assert tflops.loc["fast", "S=1024"].count("[") == 1 and tflops.loc["fast", "S=1024"].endswith("]")
+    decode = tables.decode_table(frame).display
+    assert decode.map(lambda c: c.endswith(tables.DRIFT_MARK)).any().any()  # the decode job drifted
+    winners = tables.winners_table(frame).display
+    assert winners.xs("decode", level="mode")["tflops"].str.endswith(tables.DRIFT_MARK).all()
+
+
+def test_pairs_table_sets_the_fastest_against_each_backend_of_its_job(frame):
+    t = tables.pairs_table(frame)
+    fwd = t.values.xs("fwd", level="mode")
+    at1024 = fwd.xs(1024, level="seq_kv")
+    assert set(at1024.index.get_level_values("other")) == {"slow", "close"}
+    close = at1024.xs("close", level="other").iloc[0]
+    assert close["ratio"] == pytest.approx(1.01) and close["verdict"] == tables.TIE
+    slow = at1024.xs("slow", level="other").iloc[0]
+    assert slow["ratio"] == pytest.approx(3.0) and slow["verdict"] == "fast faster"
 
 
 def test_status_table_counts_every_backend_with_reasons(frame):
     t = tables.status_table(frame)
-    assert t.values.loc["missing", "unavailable"] == 2
+    assert t.values.loc["missing", "unavailable"] == 2 and t.values.loc["close", "ok"] == 1
     assert "needs a GPU" in t.values.loc["missing", "reasons"]
     assert t.values.loc["fast", "numerics_fail"] == 1
 
 
 def test_formats_and_index(frame, tmp_path):
-    index = tables.write_tables(frame, tmp_path)
-    assert set(index) == set(tables.TABLE_NAMES)
-    tex = (tmp_path / "tflops.tex").read_text()
+    index = write_stage("microbench", StageOutputs(tables.build_tables(frame)), tmp_path)
+    assert [t["name"] for t in index["tables"]] == list(tables.TABLE_NAMES)
+    tex = (tmp_path / "tables" / "tflops.tex").read_text()
     assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex and "\\caption{" in tex
-    assert "fwd\\_bwd" not in tex or "\\_" in tex  # underscores escaped
-    md = (tmp_path / "tflops.md").read_text()
+    assert "fwd_bwd" not in tex  # underscores escaped
+    md = (tmp_path / "tables" / "tflops.md").read_text()
     assert md.startswith("Table (tflops): ") and "| backend" in md
-    csv = pd.read_csv(tmp_path / "tflops.csv")
+    csv = pd.read_csv(tmp_path / "tables" / "tflops.csv")
     assert {"mode", "dtype", "backend", "S=1024", "S=4096"} <= set(csv.columns)
-    assert json.loads((tmp_path / "index.json").read_text())["status"]["files"] == [
-        "status.md", "status.tex", "status.csv"]
+    status = json.loads((tmp_path / "tables" / "index.json").read_text())["tables"][-1]
+    assert status["name"] == "status" and status["group"] == "microbench" and status["empty"] is False
+    assert status["files"] == {"md": "tables/status.md", "tex": "tables/status.tex", "csv": "tables/status.csv"}
 
 
 def test_empty_regimes_write_a_note_instead_of_failing(frame):
@@ -119,9 +155,11 @@ def test_empty_regimes_write_a_note_instead_of_failing(frame):
 
 
 def test_figures_are_written_even_without_decode_rows(frame, tmp_path):
-    paths = write_figures(frame[frame["mode"] != "decode"], tmp_path)
-    assert sorted(p.name for p in paths) == sorted(f"{n}.{e}" for n in FIGURE_NAMES for e in FORMATS)
+    index = write_stage("microbench", StageOutputs(figures=build_figures(frame[frame["mode"] != "decode"])), tmp_path)
+    paths = [tmp_path / f for entry in index["figures"] for f in entry["files"].values()]
+    assert sorted(p.name for p in paths) == sorted(f"{n}.{e}" for n in FIGURE_NAMES for e in FIGURE_FORMATS)
     assert all(p.stat().st_size > 1000 for p in paths)
+    assert all(entry["caption"] for entry in index["figures"])
 
 
 def test_aggregate_joins_parquet_and_csv_and_rejects_duplicates(frame, tmp_path):

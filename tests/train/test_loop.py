@@ -311,7 +311,8 @@ def _tiny_config(tmp_path) -> dict:
                                                                            "head_dim": 16, "seq": 32, "dtype": "fp32"}}}},
         "pretrain": {"data": {"source": "synthetic", "synthetic": {"tokens": 20000}},
                      "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 16},
-                     "train": {"steps": 8, "batch_size": 4, "seq_len": 16, "eval_every": 4, "eval_batches": 1},
+                     "train": {"steps": 8, "warmup_steps": 2, "batch_size": 4, "seq_len": 16, "eval_every": 4,
+                               "eval_batches": 1},
                      "experiments": {"divergence": {"backends": ["sdpa-math", "eager"], "snapshots": 2,
                                                     "swap_precision": "bf16"},
                                      "lr_sensitivity": {"lrs": [0.01, 0.1]},
@@ -348,12 +349,14 @@ def test_experiment_runs_and_renders_tables_and_figures(tmp_path):
     assert (div[div["step"] == 0].query("swap != 'seed'")[["max_abs", "rel_l2"]] == 0).all().all()  # same init
     assert (div[(div["swap"] == "seed") & (div["step"] == 8)]["rel_l2"] > 0.1).all()
     assert set(frames["numerics"]["status"]) == {"ok"} and (frames["numerics"]["out_rel_err"] < 1e-2).all()
-    from attnbench.report.pretrain import render
+    from attnbench.report.artifacts import write_stage
+    from attnbench.report.pretrain import build
 
-    paths = render("divergence", tmp_path / "exp", tmp_path / "report")
-    names = {p.name for p in paths}
+    index = write_stage("pretrain", build({"divergence": tmp_path / "exp"}), tmp_path / "report")
+    names = {Path(f).name for entry in index["tables"] + index["figures"] for f in entry["files"].values()}
     assert {"divergence.md", "divergence.tex", "divergence.csv", "divergence_loss.md", "divergence_numerics.md",
             "divergence.png"} <= names
+    assert {entry["group"] for entry in index["tables"]} == {"divergence"}
     assert "Golden et al. 2024" in (tmp_path / "report" / "tables" / "divergence.md").read_text()
 
 
@@ -378,10 +381,19 @@ def test_cli_train_and_experiment_list(tmp_path, capsys):
     listed = capsys.readouterr().out.split()
     assert [n for n in listed if n.startswith("lr_sensitivity/")] == [
         "lr_sensitivity/baseline/lr0.01", "lr_sensitivity/baseline/lr0.1",
-        "lr_sensitivity/qk_norm+z_loss/lr0.01", "lr_sensitivity/qk_norm+z_loss/lr0.1"]
+        "lr_sensitivity/qk_norm-z_loss/lr0.01", "lr_sensitivity/qk_norm-z_loss/lr0.1"]
     assert main(["train", "--config", str(path), "--run", "layouts/mqa", "--out", str(tmp_path / "run"),
                  "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["run"] == "layouts/mqa" and out["status"] == "ok"
     assert main(["train", "--config", str(path), "--run", "layouts/gqa", "--out", str(tmp_path / "x")]) == 2
     assert "allowed: layouts/mha, layouts/mqa, layouts/mla" in capsys.readouterr().err
+
+
+def test_tokens_per_joule_over_the_warm_steps():
+    from attnbench.train.loop import tokens_per_joule
+
+    steps = pd.DataFrame({"tokens_per_s": [1000.0] * 20, "step_s": [0.5] * 20,  # 500 tokens a step
+                          "energy_j": [99.0] * 2 + [2.0] * 18})  # the first tenth (warm-up) is left out
+    assert tokens_per_joule(steps) == 250.0
+    assert math.isnan(tokens_per_joule(steps.assign(energy_j=float("nan"))))  # CPU, or no NVML

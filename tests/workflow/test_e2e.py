@@ -1,5 +1,6 @@
-"""The pipeline for real: `snakemake --cores 2` on a tiny config in a temporary folder, then its
-Snakemake report, W&B publishing (offline), parse-time config errors and the linter."""
+"""The pipeline for real: `snakemake --cores 2` on a tiny config in a temporary folder (microbench and
+its stability passes), then its Snakemake report, the baseline comparison, W&B publishing (offline),
+parse-time config errors and the linter."""
 import json
 import os
 import re
@@ -11,16 +12,19 @@ import pandas as pd
 import pytest
 import yaml
 
+from attnbench.bench import stats
+from attnbench.report.artifacts import TABLE_FORMATS
 from attnbench.report.figures import FIGURE_NAMES
-from attnbench.report.tables import FORMATS, TABLE_NAMES
+from attnbench.report.tables import TABLE_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ["eager", "sdpa-math", "sdpa-cudnn"]  # sdpa-cudnn: an unavailable row on a machine without CUDA
 CONFIG = {
     "sweep": "e2e",
     "device": "cpu",
-    "stages": ["microbench"],
+    "stages": ["microbench", "stability"],
     "timing": {"cpu_min_run_time_s": 0.01},
+    "stability": {"groups": ["tiny"], "processes": 2},
     "microbench": {
         "cpu": {"backends": BACKENDS, "rule_backends": {"c-naive": ["tiny"]},
                 "groups": {"tiny": {"mode": ["fwd", "decode"], "layout": "mha", "heads_q": 2, "head_dim": 16,
@@ -48,7 +52,8 @@ def run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("sweep")
     (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     # `report` is the last stage of the microbench pipeline; other stages' rules are not needed here.
-    proc = snakemake(workdir, "report", "--cores", "2", "--configfile", "config.yaml")
+    # a few minutes on 2 idle cores; the limit is for a machine that others share
+    proc = snakemake(workdir, "report", "--cores", "2", "--configfile", "config.yaml", timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return workdir, proc
 
@@ -68,7 +73,7 @@ def test_sweep_writes_results_tables_figures_and_report(run):
     else:  # no compiler: every row says so
         assert naive.eq("unavailable").all()
     for name in TABLE_NAMES:
-        for ext in FORMATS:
+        for ext in TABLE_FORMATS:
             assert (results / "microbench" / "tables" / f"{name}.{ext}").stat().st_size > 0
     status = pd.read_csv(results / "microbench" / "tables" / "status.csv")
     assert set(status["backend"]) == set(BACKENDS + ["c-naive"])
@@ -85,6 +90,17 @@ def test_sweep_writes_results_tables_figures_and_report(run):
     assert html.count("data:image/png") >= 4 and "Who wins where" in html
     for backend in BACKENDS + ["c-naive"]:
         assert backend in html
+    assert "Paired comparisons within a job" in html and "Timing stability across fresh processes" in html
+    rows = df[df.backend.isin(["eager", "sdpa-math"])]
+    assert (rows["n_rounds"] == 3).all() and rows["job_id"].nunique() == 1 and rows["timing_lock"].all()
+    assert (rows["ms_ci_low"] <= rows["ms_median"]).all() and (rows["ms_median"] <= rows["ms_ci_high"]).all()
+    pairs = stats.pairs(df, 0.03)
+    assert set(zip(pairs["backend_a"], pairs["backend_b"])) == {("eager", "sdpa-math")} and len(pairs) == N_CASES
+    assert len(pd.read_csv(results / "microbench" / "tables" / "pairs.csv")) == N_CASES
+    stability = pd.read_csv(results / "stability" / "tables" / "stability.csv")
+    assert len(stability) == 2 * N_CASES and set(stability["passes"]) == {"2 vs 1"}
+    for i in (1, 2):  # each pass its own process
+        assert pd.read_parquet(results / "stability" / "tiny" / f"{i}.parquet")["job_id"].nunique() == 1
     assert (results / "logs" / "microbench" / "tiny.log").is_file()
     assert (results / "benchmarks" / "microbench" / "tiny.tsv").is_file()
     assert json.loads((results / "plan" / "microbench" / "tiny.json").read_text())["backends"] == BACKENDS
@@ -101,6 +117,25 @@ def test_snakemake_report_has_captions_and_categories(run):
 
 
 @needs_snakemake
+def test_compare_target_fails_only_on_a_row_slower_beyond_noise(run):
+    workdir, _ = run
+    same = snakemake(workdir, "compare", "--cores", "1", "--configfile", "config.yaml", "--config",
+                     "baseline=results/e2e/microbench.parquet")
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert "within noise" in (workdir / "results" / "e2e" / "compare" / "compare.md").read_text()
+    merged = pd.read_parquet(workdir / "results" / "e2e" / "microbench.parquet")
+    fast = merged.assign(ms_median=merged["ms_median"] / 100, ms_ci_low=merged["ms_median"] / 100 * 0.99,
+                         ms_ci_high=merged["ms_median"] / 100 * 1.01)  # a baseline 100x faster than this sweep
+    (workdir / "results" / "fast").mkdir(exist_ok=True)
+    fast.to_parquet(workdir / "results" / "fast" / "microbench.parquet")
+    slower = snakemake(workdir, "compare", "--cores", "1", "--configfile", "config.yaml", "--config",
+                       "baseline=results/fast")
+    assert slower.returncode != 0 and "slower" in slower.stderr
+    missing = snakemake(workdir, "compare", "--cores", "1", "--configfile", "config.yaml")
+    assert missing.returncode != 0 and "compare: no baseline; set one with --config baseline=" in missing.stderr
+
+
+@needs_snakemake
 def test_publish_offline_writes_a_wandb_run_and_never_the_key(run):
     workdir, _ = run
     env = {"WANDB_MODE": "offline", "WANDB_API_KEY": FAKE_KEY, "WANDB_CONFIG_DIR": str(workdir / "wandb-config")}
@@ -108,14 +143,15 @@ def test_publish_offline_writes_a_wandb_run_and_never_the_key(run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     receipt = json.loads((workdir / "results" / "e2e" / "wandb" / "published.json").read_text())
     assert receipt["mode"] == "offline" and receipt["sync"].startswith("wandb sync ")
-    assert {"tables/results", "tables/tflops", "figures/roofline"} <= set(receipt["logged"])
+    assert {"microbench/results", "microbench/tflops", "microbench/figures/roofline", "env/ceilings"} <= set(
+        receipt["logged"])
     run_dir = (workdir / receipt["run_dir"]).parent
     assert run_dir.name.startswith("offline-run-")
     record = next(run_dir.glob("run-*.wandb")).read_bytes()  # offline runs keep config and history here
     assert b"provenance" in record and b"git_sha" in record and b"attnbench-e2e" in record
-    tables = list((run_dir / "files" / "media" / "table" / "tables").glob("*.table.json"))
+    tables = list((run_dir / "files" / "media" / "table" / "microbench").glob("*.table.json"))
     assert len(tables) >= len(TABLE_NAMES)
-    assert list((run_dir / "files" / "media" / "images" / "figures").glob("roofline*.png"))
+    assert list((run_dir / "files" / "media" / "images" / "microbench").rglob("roofline*.png"))
     for path in [*(workdir / "results").rglob("*"), *(workdir / ".snakemake" / "log").rglob("*")]:
         if path.is_file():
             assert FAKE_KEY.encode() not in path.read_bytes(), path

@@ -1,6 +1,7 @@
-"""The job guard, the GPU lease and the rule-backend contract (no Snakemake run)."""
+"""The job guard, the timing lease (GPU and CPU) and the rule-backend contract (no Snakemake run)."""
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -48,7 +49,7 @@ def test_guard_keeps_the_rows_of_a_stopped_job_and_fills_in_the_rest(plan, tmp_p
     assert guard.guard(partial, job=job, backends=["eager"], out=str(out)) == 0
     df = pd.read_parquet(out)
     assert df["status"].tolist() == ["ok", "error", "error", "error"] and df["case_id"].is_unique
-    assert df["reason"].iloc[1].startswith("job exited with code 3 before this case finished")
+    assert df["reason"].iloc[1] == "job exited with code 3 before this case finished (retried on the next run)"
 
 
 def test_guard_keeps_a_finished_job_and_honours_the_deadline(plan, tmp_path, monkeypatch):
@@ -102,6 +103,80 @@ def test_lease_command_sets_cuda_visible_devices(tmp_path, monkeypatch):
     assert code == 0 and out.read_text() == "7" and os.environ["CUDA_VISIBLE_DEVICES"] == "7"
 
 
+def test_lease_command_takes_n_gpus_together_or_refuses(tmp_path, monkeypatch):
+    from attnbench.cli import main
+
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,6")
+    out = tmp_path / "seen.txt"
+    write = f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + os.environ['ATTNBENCH_LEASE'])"
+    assert main(["lease", "--device", "cuda", "--gpus", "2", "--", sys.executable, "-c", write]) == 0
+    assert out.read_text() == "2,5 cuda:2,5"
+    with lease.gpu_lease(count=2):  # 2 and 5 held by another job: a lease of 2 cannot take 6 alone
+        assert lease.try_lease_many(lease.visible_devices(), 2) is None
+        alone = lease.try_lease(lease.visible_devices())  # a one-GPU job still gets the free one
+        assert alone[0] == "6"
+        alone[1].close()
+    with pytest.raises(SystemExit, match="--gpus=2 is not allowed with --device cpu"):
+        main(["lease", "--device", "cpu", "--gpus", "2", "--", "true"])
+
+
+def _leased_env(tmp_path, *args):
+    """Run `attnbench lease ARGS -- python` that writes the ATTNBENCH_LEASE it got; return (exit code, value)."""
+    from attnbench.cli import main
+
+    out = tmp_path / "lease.txt"
+    code = main(["lease", *args, "--", sys.executable, "-c",
+                 f"import os; open({str(out)!r}, 'w').write(os.environ.get('ATTNBENCH_LEASE', '-'))"])
+    return code, out.read_text()
+
+
+def test_cpu_timing_jobs_wait_for_each_other_and_say_so_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path))
+    said, acquired = [], threading.Event()
+
+    def second_job():
+        with lease.cpu_lock(poll_s=0.02, notify=said.append):
+            acquired.set()
+
+    with lease.cpu_lock(notify=said.append):  # a timing job of another sweep holds the machine
+        waiter = threading.Thread(target=second_job)
+        waiter.start()
+        assert not acquired.wait(0.3)
+        assert len(said) == 1 and said[0].startswith("attnbench lease: waiting for the CPU timing lock")
+        assert f"pid {os.getpid()}" in said[0] and "\n" not in said[0]  # who holds it
+    assert acquired.wait(5)
+    waiter.join()
+
+
+def test_the_leased_command_knows_it_holds_the_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    assert _leased_env(tmp_path, "--device", "cpu") == (0, "cpu")
+    with lease.cpu_lock():  # the lock is taken: an untimed job does not wait, a nested lease neither
+        assert _leased_env(tmp_path, "--device", "cpu", "--untimed") == (0, "-")
+        monkeypatch.setenv("ATTNBENCH_LEASE", "cpu")
+        assert _leased_env(tmp_path, "--device", "cpu") == (0, "cpu")
+
+
+def test_a_gpu_lease_waits_naming_the_holders(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    said, got = [], []
+
+    def second_job():
+        with lease.gpu_lease(poll_s=0.02, notify=said.append) as device:
+            got.append(device)
+
+    with lease.gpu_lease(notify=said.append):
+        waiter = threading.Thread(target=second_job)
+        waiter.start()
+        waiter.join(0.3)
+        assert not got and said == [f"attnbench lease: waiting for a free GPU among 0 (GPU 0: pid {os.getpid()}: "
+                                    f"{' '.join(sys.argv)[:300]})"]
+    waiter.join(5)
+    assert got == ["0"]
+
+
 def test_rule_backend_contract(plan, tmp_path):
     job = plan.job("microbench-rule", "c-naive/g").payload
     cases = tmp_path / "cases.tsv"
@@ -111,14 +186,16 @@ def test_rule_backend_contract(plan, tmp_path):
     fwd32 = table[(table["mode"] == "fwd") & (table["dtype"] == "fp32")]["case_id"].iloc[0]
     dec = table[table["mode"] == "decode"]["case_id"].iloc[0]
     timings = tmp_path / "timings.tsv"
-    timings.write_text("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\trel_err\tmax_abs_err\treason\n"
-                       f"{fwd32}\tok\t2.0\t1.9\t2.2\t5\t1e-7\t2e-7\t\n"
-                       f"{dec}\tunsupported\t\t\t\t\t\t\tfwd only\n")
+    timings.write_text("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\tms_ci_low\tms_ci_high\trel_err\t"
+                       "max_abs_err\treason\n"
+                       f"{fwd32}\tok\t2.0\t1.9\t2.2\t5\t1.95\t2.1\t1e-7\t2e-7\t\n"
+                       f"{dec}\tunsupported\t\t\t\t\t\t\t\t\tfwd only\n")
     df = ingest.ingest(job, "c-naive", timings=str(timings), ceilings=None, version="cc 1", family="fused")
     validate_frame(df, "ingest")
     by_id = df.set_index("case_id")
     assert by_id.loc[fwd32, "status"] == "ok" and by_id.loc[fwd32, "tflops"] == pytest.approx(
         by_id.loc[fwd32, "flops"] / 2e-3 / 1e12)
+    assert (by_id.loc[fwd32, "ms_ci_low"], by_id.loc[fwd32, "ms_ci_high"]) == (1.95, 2.1)  # its own interval
     assert by_id.loc[dec, "status"] == "unsupported" and by_id.loc[dec, "reason"] == "fwd only"
     assert (df["status"] == "error").sum() == 2  # the two cases the command printed nothing for
     down = ingest.ingest(job, "c-naive", timings=None, ceilings=None, version="", family="fused",

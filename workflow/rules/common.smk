@@ -10,27 +10,34 @@ from snakemake.logging import logger
 from snakemake.utils import min_version
 
 from attnbench import config as attnbench_config
+from attnbench.envvars import check_environment
 from attnbench.errors import ConfigError
 from attnbench.plan import NAME_PATTERN, build_plan
-from attnbench.workflow import paths
+from attnbench.report.stages import STAGE_REPORTS, declared_outputs, index_labels, stability_part
+from attnbench.workflow import paths, resume
 
 min_version("8.20")
 
 RULE_BACKEND_DIR = Path(workflow.basedir, "workflow", "rules", "backends")
 try:
+    check_environment()  # ATTNBENCH_DEADLINE, WANDB_MODE, ...: one line now, not a traceback in a job
     # --configfile files (each with its extends: chain), else the repository's default sweep; --config on top
     CONFIG_FILES = list(workflow.config_settings.configfiles) or [Path(workflow.basedir, "config", "config.yaml")]
-    CONFIG = attnbench_config.validate_config(
-        attnbench_config.load_files(CONFIG_FILES, dict(workflow.config_settings.config)))
+    OVERRIDES = attnbench_config.command_line_overrides(dict(workflow.config_settings.config))
+    CONFIG = attnbench_config.validate_config(attnbench_config.load_files(CONFIG_FILES, OVERRIDES))
     PLAN = build_plan(CONFIG, rule_backend_files=[p.stem for p in RULE_BACKEND_DIR.glob("*.smk")])
 except ConfigError as err:  # one line naming the key and the allowed values, no traceback
     sys.exit(f"attnbench: config error: {err}")
-logger.info(PLAN.summary())
 
 # Every path of the sweep (attnbench.workflow.paths), with the sweep name filled in; job wildcards stay.
 P = SimpleNamespace(**{name: getattr(paths, name).replace("{sweep}", PLAN.sweep)
                        for name in dir(paths) if name.isupper()})
 PLAN.write_jobs(P.PLAN_DIR)
+logger.info(PLAN.summary(P.BENCHMARKS))  # planned jobs per stage, and the expected time from earlier runs
+# A job that crashed or was stopped at the deadline left its output with error rows and a marker: put its
+# finished rows back in its side file and remove the output, so this run measures only the rest
+# (attnbench.workflow.resume). Not while another Snakemake works in this folder.
+resume.reopen(P.RESULTS, log=logger.info)
 NAME = NAME_PATTERN.pattern.strip("^$")  # the one pattern every sweep, group and backend name matches
 
 
@@ -38,10 +45,52 @@ def job_file(stage, name):
     return P.JOB.format(stage=stage, name=name)
 
 
+def job_log(stage, name):
+    return P.JOB_LOG.format(stage=stage, name=name)
+
+
+def job_benchmark(stage, name):
+    return P.JOB_BENCHMARK.format(stage=stage, name=name)
+
+
 ON_GPU = PLAN.device == "cuda"
 # CPU timing needs the whole machine: a CPU job takes every core, so timing jobs run one at a time.
 # A GPU job takes one GPU (a `gpu` token, plus the lease that sets CUDA_VISIBLE_DEVICES) and a few cores.
 CORES = workflow.cores or 1  # unset in some modes (e.g. --lint without a profile)
 JOB_THREADS = min(4, CORES) if ON_GPU else CORES
-# The one lease mechanism: every job that uses the GPU runs under `attnbench lease`.
-LEASE = "attnbench lease --" if ON_GPU else ""
+# The one lease mechanism (attnbench.workflow.lease): every job that times something, or uses the GPU, runs
+# under `attnbench lease`, which holds its device's timing lock host-wide (a GPU, or the whole CPU) whatever
+# --cores says, so timing jobs of this sweep and of any other sweep on the host never overlap.
+LEASE = f"attnbench lease --device {PLAN.device} --"
+# A job that needs the device but times nothing (compiling kernels, reading the compiler's report): a GPU
+# is still leased, the CPU is not locked.
+LEASE_UNTIMED = f"attnbench lease --device {PLAN.device} --untimed --"
+
+
+def stage_outputs(stage, parts=()):
+    """A stage's tables rule's named outputs (attnbench.report.stages.declared_outputs): its index, every
+    table and figure, the CSV and PNG of each marked for `snakemake --report` in the stage's category, with
+    the caption from workflow/report/<stage>.rst and the entry's own caption as a label."""
+    stage_dir = P.STAGE_DIR.format(stage=stage)
+    files = declared_outputs(stage, stage_dir, parts)
+    category = STAGE_REPORTS[stage].title
+
+    def marked(path, kind):
+        name = Path(path).stem
+        return report(path, caption=f"../report/{stage}.rst", category=category, subcategory=kind,
+                      labels=index_labels(stage_dir, kind, name))
+
+    return {"index": files["index"][0],
+            "tables": [marked(f, "tables") for f in files["tables"]],
+            "table_files": files["table_files"],
+            "figures": [marked(f, "figures") for f in files["figures"]],
+            "figure_files": files["figure_files"]}
+
+
+def stage_index(stage):
+    return P.STAGE_INDEX.format(stage=stage)
+
+
+def sweep_folder(wildcards, output):
+    """results/<sweep>, from a tables rule's index (results/<sweep>/<stage>/tables/index.json)."""
+    return Path(output.index).parents[2]

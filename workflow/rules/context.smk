@@ -2,11 +2,9 @@
 # context.capability.train_len), then one `attnbench context evaluate` job per RoPE method (its variants
 # with and without a short fine-tune, scored at every evaluation length). Cost: one microbench job per
 # context.cost.<device> group (extended lengths, peak memory, oom rows) and the RoPE table/rotation timing.
-# Then the PI- and YaRN-shaped tables.
-CONTEXT = f"{P.RESULTS}/context"
+# Then the parts merged, and the PI- and YaRN-shaped tables, the cost tables, the perplexity figure and the
+# stage's index.
 CONTEXT_METHODS = PLAN.capability["methods"] if PLAN.capability else []
-CONTEXT_TABLES = [f"{CONTEXT}/tables/{name}.md" for name in
-                  ("perplexity_sliding", "perplexity_truncated", "passkey", "cost", "rope_overhead")]
 
 
 rule context_pretrain:
@@ -15,19 +13,20 @@ rule context_pretrain:
     output:
         P.CONTEXT_CHECKPOINT,
     log:
-        f"{P.LOGS}/context/pretrain.log",
+        job_log("context", "capability-pretrain"),
     benchmark:
-        f"{P.BENCHMARKS}/context/pretrain.tsv"
+        job_benchmark("context", "capability-pretrain")
     params:
-        lease=LEASE,
-    # training, not timing: one thread on a CPU, so the capability jobs run side by side
+        # training, not timing: a GPU is leased, but on a CPU no timing lock is taken
+        lease=LEASE if ON_GPU else "",
+    # one thread on a CPU, so the capability jobs run side by side
     threads: JOB_THREADS if ON_GPU else 1
     resources:
         gpu=int(ON_GPU),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context pretrain --job {input.job:q} --threads {threads} --out {output:q} "
+        "exec {params.lease} attnbench context pretrain --job {input.job:q} --threads {threads} --out {output:q} "
         "> {log:q} 2>&1"
 
 
@@ -38,20 +37,20 @@ rule context_evaluate:
     output:
         P.CONTEXT_CAPABILITY,
     log:
-        f"{P.LOGS}/context/evaluate-{{method}}.log",
+        job_log("context", "capability-{method}"),
     benchmark:
-        f"{P.BENCHMARKS}/context/evaluate-{{method}}.tsv"
+        job_benchmark("context", "capability-{method}")
     wildcard_constraints:
         method=NAME,
     params:
-        lease=LEASE,
+        lease=LEASE if ON_GPU else "",  # evaluation, not timing: as context_pretrain
     threads: JOB_THREADS if ON_GPU else 1
     resources:
         gpu=int(ON_GPU),
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context evaluate --job {input.job:q} --checkpoint {input.checkpoint:q} "
+        "exec {params.lease} attnbench context evaluate --job {input.job:q} --checkpoint {input.checkpoint:q} "
         "--threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
@@ -62,9 +61,9 @@ rule context_cost:
     output:
         P.CONTEXT_COST,
     log:
-        f"{P.LOGS}/context/cost-{{group}}.log",
+        job_log("context-cost", "{group}"),
     benchmark:
-        f"{P.BENCHMARKS}/context/cost-{{group}}.tsv"
+        job_benchmark("context-cost", "{group}")
     wildcard_constraints:
         group=NAME,
     params:
@@ -75,7 +74,7 @@ rule context_cost:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
+        "exec {params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
         "attnbench microbench --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -85,7 +84,7 @@ rule context_rope_overhead:
     output:
         P.CONTEXT_ROPE,
     log:
-        f"{P.LOGS}/context/rope_overhead.log",
+        job_log("context", "rope-overhead"),
     params:
         lease=LEASE,
     threads: JOB_THREADS
@@ -94,25 +93,38 @@ rule context_rope_overhead:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench context rope-overhead --job {input.job:q} --threads {threads} --out {output:q} "
+        "exec {params.lease} attnbench context rope-overhead --job {input.job:q} --threads {threads} --out {output:q} "
         "> {log:q} 2>&1"
+
+
+rule context_merge:
+    input:
+        capability=expand(P.CONTEXT_CAPABILITY, method=CONTEXT_METHODS),
+        cost=expand(P.CONTEXT_COST, group=list(PLAN.context_cost)),
+    output:
+        capability=P.CONTEXT_CAPABILITY_ALL,
+        cost=P.CONTEXT_COST_ALL,
+    log:
+        f"{P.LOGS}/context/merge.log",
+    conda:
+        "../envs/attnbench.yaml"
+    shell:
+        "exec attnbench context merge --capability {input.capability:q} --cost {input.cost:q} "
+        "--out-capability {output.capability:q} --out-cost {output.cost:q} > {log:q} 2>&1"
 
 
 rule context_tables:
     input:
-        capability=expand(P.CONTEXT_CAPABILITY, method=CONTEXT_METHODS),
-        cost=expand(P.CONTEXT_COST, group=list(PLAN.context_cost)),
-        rope=P.CONTEXT_ROPE,
+        P.CONTEXT_CAPABILITY_ALL,
+        P.CONTEXT_COST_ALL,
+        [P.CONTEXT_ROPE] if PLAN.capability else [],
     output:
-        CONTEXT_TABLES,
-        capability=f"{CONTEXT}/tables/capability.parquet",
-        cost=f"{CONTEXT}/tables/cost.parquet",
+        **stage_outputs("context"),
     log:
         f"{P.LOGS}/context/tables.log",
     params:
-        folder=lambda wildcards, output: Path(output.capability).parent,
+        results=sweep_folder,
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench context tables --capability {input.capability:q} --cost {input.cost:q} "
-        "--rope-overhead {input.rope:q} --out-dir {params.folder:q} > {log:q} 2>&1"
+        "exec attnbench tables context --results {params.results:q} > {log:q} 2>&1"

@@ -1,5 +1,5 @@
 # Environment capture: the effective config, versions and provenance, and the roofline ceilings measured
-# on this host before any benchmark runs.
+# on this host before any benchmark runs; then their tables (ceilings, provenance, backends) and index.
 
 
 rule env:
@@ -7,19 +7,19 @@ rule env:
         P.PLAN_CONFIG,
     output:
         config=P.ENV_CONFIG,
-        versions=report(P.VERSIONS, caption="../report/versions.rst", category="Environment"),
+        versions=P.VERSIONS,
     log:
         f"{P.LOGS}/env.log",
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench env --config-in {input:q} --config-out {output.config:q} --versions-out {output.versions:q} "
+        "exec attnbench env --config-in {input:q} --config-out {output.config:q} --versions-out {output.versions:q} "
         "> {log:q} 2>&1"
 
 
 rule ceilings:
     output:
-        report(P.CEILINGS, caption="../report/ceilings.rst", category="Environment"),
+        P.CEILINGS,
     log:
         f"{P.LOGS}/ceilings.log",
     benchmark:
@@ -33,4 +33,20 @@ rule ceilings:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench ceilings --device {params.device:q} --out {output:q} > {log:q} 2>&1"
+        "exec {params.lease} attnbench ceilings --device {params.device:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule env_tables:
+    input:
+        versions=P.VERSIONS,
+        ceilings=P.CEILINGS,
+    output:
+        **stage_outputs("env"),
+    log:
+        f"{P.LOGS}/env-tables.log",
+    params:
+        results=sweep_folder,
+    conda:
+        "../envs/attnbench.yaml"
+    shell:
+        "exec attnbench tables env --results {params.results:q} > {log:q} 2>&1"

@@ -1,14 +1,9 @@
 # HBM traffic (docs/hbm.md): one `attnbench hbm` job per (hbm group, backend) on a GPU, each timing its cases
 # and running one Nsight Compute process; then the merged table, the KV / training-step byte ledger and the
-# figures. Without a GPU or ncu the jobs write rows with status unavailable and the reason (one job per
-# group), so the CPU sweep builds the same files.
-import os
-
-from attnbench.report.hbm import FIGURES as HBM_FIGURES
-
+# stage's tables, figures and index. Without a GPU or ncu the jobs write rows with status unavailable and the
+# reason (one job per group), so the CPU sweep builds the same files.
 HBM_PARTS = [P.HBM_PART.format(group=group, backend=backends[0] if len(backends) == 1 else "all")
              for group, backends in PLAN.hbm_parts()]
-HBM_FIGURE_FILES = [f"{P.RESULTS}/hbm/figures/{name}" for name in HBM_FIGURES]
 
 
 rule hbm:
@@ -18,9 +13,9 @@ rule hbm:
     output:
         P.HBM_PART,
     log:
-        f"{P.LOGS}/hbm/{{group}}/{{backend}}.log",
+        job_log("hbm", "{group}/{backend}"),
     benchmark:
-        f"{P.BENCHMARKS}/hbm/{{group}}/{{backend}}.tsv"
+        job_benchmark("hbm", "{group}/{backend}")
     wildcard_constraints:
         group=NAME,
         backend=NAME,
@@ -32,7 +27,8 @@ rule hbm:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
+        "exec {params.lease} attnbench hbm --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} "
+        "> {log:q} 2>&1"
 
 
 rule hbm_table:
@@ -45,7 +41,7 @@ rule hbm_table:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench hbm-table --out {output:q} {input:q} > {log:q} 2>&1"
+        "exec attnbench hbm-table --out {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule hbm_ledger:
@@ -59,20 +55,20 @@ rule hbm_ledger:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench ledger --job {input.job:q} --hbm {input.hbm:q} --out {output:q} > {log:q} 2>&1"
+        "exec attnbench ledger --job {input.job:q} --hbm {input.hbm:q} --out {output:q} > {log:q} 2>&1"
 
 
-rule hbm_figures:
+rule hbm_tables:
     input:
         hbm=P.HBM_TABLE,
         ledger=P.HBM_LEDGER,
     output:
-        HBM_FIGURE_FILES,
+        **stage_outputs("hbm"),
     log:
-        f"{P.LOGS}/hbm/figures.log",
+        f"{P.LOGS}/hbm/tables.log",
     params:
-        folder=lambda wildcards, output: os.path.dirname(output[0]),
+        results=sweep_folder,
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench hbm-figures --hbm {input.hbm:q} --ledger {input.ledger:q} --out {params.folder:q} > {log:q} 2>&1"
+        "exec attnbench tables hbm --results {params.results:q} > {log:q} 2>&1"

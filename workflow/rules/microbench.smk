@@ -3,16 +3,21 @@
 # workflow/rules/backends/<name>.smk; the ones the sweep names are included here.
 
 
+TRITON_PRECOMPILE_GROUPS = PLAN.triton_precompile_groups()
+
+
 rule microbench:
     input:
         job=job_file("microbench", "{group}"),
         ceilings=P.CEILINGS,
+        # groups that time our Triton kernels on a GPU wait for their configs to be compiled (triton.smk)
+        precompiled=lambda wildcards: [P.TRITON_PRECOMPILE] if wildcards.group in TRITON_PRECOMPILE_GROUPS else [],
     output:
         P.MICROBENCH,
     log:
-        f"{P.LOGS}/microbench/{{group}}.log",
+        job_log("microbench", "{group}"),
     benchmark:
-        f"{P.BENCHMARKS}/microbench/{{group}}.tsv"
+        job_benchmark("microbench", "{group}")
     wildcard_constraints:
         group=NAME,
     params:
@@ -23,7 +28,7 @@ rule microbench:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
+        "exec {params.lease} attnbench guard --job {input.job:q} --out {output:q} -- "
         "attnbench microbench --job {input.job:q} --ceilings {input.ceilings:q} --out {output:q} > {log:q} 2>&1"
 
 

@@ -1,10 +1,8 @@
 # Pretraining experiments (docs/training.md): one `attnbench experiment run` job per experiment the sweep
 # selects (divergence, lr_sensitivity, fp8, layouts), each training its runs in one process (finished runs are
-# kept, killed ones resume from their checkpoints), then its paper-style tables and figure under
-# results/<sweep>/pretrain/{tables,figures}.
-from attnbench.report.pretrain import report_files as pretrain_report_files
-
-PRETRAIN = f"{P.RESULTS}/pretrain"
+# kept, killed ones resume from their checkpoints), then every experiment's paper-style tables and figure and
+# the stage's index under results/<sweep>/pretrain/{tables,figures}.
+PRETRAIN_EXPERIMENTS = list(PLAN.pretrain)
 
 
 rule pretrain_experiment:
@@ -15,9 +13,9 @@ rule pretrain_experiment:
         runs=P.PRETRAIN_RUNS,
         steps=P.PRETRAIN_STEPS,
     log:
-        f"{P.LOGS}/pretrain/{{experiment}}.log",
+        job_log("pretrain", "{experiment}"),
     benchmark:
-        f"{P.BENCHMARKS}/pretrain/{{experiment}}.tsv"
+        job_benchmark("pretrain", "{experiment}")
     wildcard_constraints:
         experiment=NAME,
     params:
@@ -30,28 +28,22 @@ rule pretrain_experiment:
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "{params.lease} attnbench experiment run --job {input.job:q} --out {params.folder:q} "
+        "exec {params.lease} attnbench experiment run --job {input.job:q} --out {params.folder:q} "
         "--ceilings {input.ceilings:q} --no-progress > {log:q} 2>&1"
 
 
-for _experiment in PLAN.pretrain:
-
-    rule:
-        name:
-            f"pretrain_report_{_experiment}"
-        input:
-            runs=P.PRETRAIN_RUNS.format(experiment=_experiment),
-            steps=P.PRETRAIN_STEPS.format(experiment=_experiment),
-        output:
-            pretrain_report_files(PRETRAIN, _experiment),
-        log:
-            f"{P.LOGS}/pretrain/report-{_experiment}.log",
-        params:
-            experiment=_experiment,
-            source=lambda w, input: str(Path(input.runs).parent),
-            folder=lambda w, output: str(Path(output[0]).parents[1]),
-        conda:
-            "../envs/attnbench.yaml"
-        shell:
-            "attnbench experiment report --name {params.experiment:q} --in {params.source:q} "
-            "--out {params.folder:q} > {log:q} 2>&1"
+rule pretrain_tables:
+    input:
+        runs=expand(P.PRETRAIN_RUNS, experiment=PRETRAIN_EXPERIMENTS),
+        steps=expand(P.PRETRAIN_STEPS, experiment=PRETRAIN_EXPERIMENTS),
+    output:
+        **stage_outputs("pretrain", PRETRAIN_EXPERIMENTS),
+    log:
+        f"{P.LOGS}/pretrain/tables.log",
+    params:
+        results=sweep_folder,
+        parts=[word for name in PRETRAIN_EXPERIMENTS for word in ("--part", name)],
+    conda:
+        "../envs/attnbench.yaml"
+    shell:
+        "exec attnbench tables pretrain --results {params.results:q} {params.parts:q} > {log:q} 2>&1"

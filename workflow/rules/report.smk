@@ -1,25 +1,17 @@
-# Report: one executed report for the whole sweep (workflow/notebooks/<stage>.py, jupytext py:percent, in
-# data-flow order), rendered from every planned stage's tables and figures into one HTML file.
-from attnbench.report.pretrain import report_files as pretrain_report_files
+# Report: one executed report for the whole sweep, one section per stage in data-flow order
+# (attnbench.report.stages.SECTIONS, workflow/notebooks/<section>.py, jupytext py:percent), rendered from the
+# planned stages' indexes and the files they list; a section whose stages are not planned says so in one line.
+from attnbench.report.notebook import section_sources
+from attnbench.report.stages import reported_stages
 
-REPORT_STAGE_FILES = {
-    "microbench": [P.MERGED, P.STAGE_INDEX.format(stage="microbench")] if PLAN.microbench else [],
-    "hbm": [P.HBM_TABLE, P.HBM_LEDGER, *HBM_FIGURE_FILES] if PLAN.hbm else [],
-    "pretrain": [f for e in PLAN.pretrain for f in pretrain_report_files(PRETRAIN, e)],
-    "context": CONTEXT_TABLES if PLAN.capability else [],
-    "context_parallel": CP_OUTPUTS if PLAN.context_parallel else [],
-}
-REPORT_NOTEBOOKS = [str(Path(workflow.basedir, "workflow", "notebooks", name))
-                    for name in ["microbench.py"] + (["context_parallel.py"] if PLAN.context_parallel else [])]
+REPORT_NOTEBOOKS = section_sources(Path(workflow.basedir, "workflow", "notebooks"))
+REPORT_STAGES = reported_stages(PLAN)  # the planned stages that plan jobs, in data-flow order
 
 
 rule report:
     input:
         notebooks=REPORT_NOTEBOOKS,
-        config=P.ENV_CONFIG,
-        versions=P.VERSIONS,
-        ceilings=P.CEILINGS,
-        stages=[f for files in REPORT_STAGE_FILES.values() for f in files],
+        indexes=[stage_index("env")] + [stage_index(stage) for stage in REPORT_STAGES],
     output:
         report(P.REPORT_HTML, caption="../report/report.rst", category="Report"),
     log:
@@ -27,8 +19,11 @@ rule report:
     benchmark:
         f"{P.BENCHMARKS}/report.tsv"
     params:
-        results=lambda wildcards, input: Path(input.config).parents[1],
+        results=lambda wildcards, input: Path(input.indexes[0]).parents[2],
+        notebooks=lambda wildcards, input: Path(input.notebooks[0]).parent,
+        stages=[word for stage in REPORT_STAGES for word in ("--stage", stage)],
     conda:
         "../envs/attnbench.yaml"
     shell:
-        "attnbench render --results {params.results:q} --out {output:q} {input.notebooks:q} > {log:q} 2>&1"
+        "exec attnbench render --results {params.results:q} --out {output:q} --notebooks {params.notebooks:q} "
+        "{params.stages:q} > {log:q} 2>&1"

@@ -70,12 +70,13 @@ def _source(fn, pointers: dict, scalars: dict, constexprs: dict) -> ASTSource:
 def forward_source(config, head_dim: int, causal: bool, fp8: bool) -> ASTSource:
     elt = "fp8e4nv" if fp8 else "bf16"
     pointers = dict(Q=elt, K=elt, V=elt, O="bf16", LSE="fp32", QS="fp32" if fp8 else None,
-                    KS="fp32" if fp8 else None, VS="fp32" if fp8 else None)
+                    KS="fp32" if fp8 else None, VS="fp32" if fp8 else None, CU_Q=None, CU_KV=None)
     scalars = dict(sm_scale=head_dim ** -0.5, heads_q=HEADS, group=1, seq_q=SEQ, seq_kv=SEQ,
                    n_scale_q=SEQ // BLOCK_ROWS, n_scale_kv=SEQ // BLOCK_ROWS,
                    **_stride_args(head_dim, (("q", "m"), ("k", "n"), ("o", "m"))),
                    **_stride_args(head_dim, (("v", "n"),), transposed=fp8))  # fp8 V is stored (B, H, D, S)
-    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, FP8=fp8, SCALE_ROWS=BLOCK_ROWS if fp8 else 0, **config.kwargs)
+    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, FP8=fp8, SCALE_ROWS=BLOCK_ROWS if fp8 else 0, VARLEN=False,
+                      **config.kwargs)
     return _source(forward._attn_fwd, pointers, scalars, constexprs)
 
 

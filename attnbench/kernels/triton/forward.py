@@ -21,6 +21,14 @@ key ``j`` iff ``j <= i + seq_kv - seq_q``. The key loop is split in two:
 tiles every row of the query tile sees in full (no mask), then the few tiles
 on the diagonal or past ``seq_kv`` (masked).
 
+Varlen (``VARLEN=True``, :func:`attnbench.kernels.triton.launch.varlen_forward`): the sequences lie end
+to end in one packed batch row, ``CU_Q``/``CU_KV`` (int32, B + 1) hold where each starts, and the
+grid's batch index is the sequence's. A program reads its sequence's offsets and lengths, so the
+causal mask is bottom-right per sequence (chunked prefill: a chunk of ``seq_q`` queries after a cached
+prefix of ``seq_kv - seq_q`` keys); a program whose query tile starts past its sequence's end runs no
+key tile and stores nothing. ``seq_q``/``seq_kv`` are then the longest sequence's (the grid's size and
+the autotuning key). The varlen path uses pointer loads (TMA descriptors are per tensor).
+
 FP8 (``FP8=True``): Q, K, V are e4m3 with one fp32 scale per tile of rows
 (:mod:`attnbench.kernels.triton.fp8`). The descales of Q and K fold into the
 score scale (a scalar per tile pair). ``P`` is quantised to e4m3 after a shift
@@ -203,23 +211,38 @@ def _fwd_tiles_pipelined(acc, l_i, m_i, q, qk_scale, k_base, v_base, k_desc, v_d
 
 
 @triton.jit(do_not_specialize=["n_scale_q", "n_scale_kv"])  # one compiled variant for every sequence length
-def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
+def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, CU_Q, CU_KV, sm_scale,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_ob, stride_oh, stride_om, stride_od,
               heads_q, group, seq_q, seq_kv, n_scale_q, n_scale_kv,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr, SCALE_ROWS: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PIPELINE_QK: tl.constexpr = False):
-    """One program: BLOCK_M query rows of one (batch, query head). Grid: (cdiv(seq_q, BLOCK_M), B * Hq)."""
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, PIPELINE_QK: tl.constexpr = False,
+              VARLEN: tl.constexpr = False):
+    """One program: BLOCK_M query rows of one (batch or sequence, query head). Grid: (cdiv(seq_q, BLOCK_M), B * Hq)."""
     pid_bh, off_b, off_h, off_hkv, start_m = query_tile(heads_q, group, CAUSAL, BLOCK_M)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
 
-    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
-    o_base = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+    tl.static_assert(not (VARLEN and (FP8 or USE_TMA)), "the varlen path is bf16/fp16 with pointer loads")
+    if VARLEN:  # this sequence's rows of the packed tensors; LSE is (1, Hq, total query tokens)
+        q_start = tl.load(CU_Q + off_b)
+        kv_start = tl.load(CU_KV + off_b)
+        seq_q = tl.load(CU_Q + off_b + 1) - q_start
+        seq_kv = tl.load(CU_KV + off_b + 1) - kv_start
+        total_q = tl.load(CU_Q + tl.num_programs(1) // heads_q)
+        q_base = Q + off_h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
+        k_base = K + off_hkv.to(tl.int64) * stride_kh + kv_start.to(tl.int64) * stride_kn
+        v_base = V + off_hkv.to(tl.int64) * stride_vh + kv_start.to(tl.int64) * stride_vn
+        o_base = O + off_h.to(tl.int64) * stride_oh + q_start.to(tl.int64) * stride_om
+        lse_base = LSE + off_h.to(tl.int64) * total_q + q_start
+    else:
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+        v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+        o_base = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+        lse_base = LSE + pid_bh.to(tl.int64) * seq_q
     q_desc = None
     k_desc = None
     v_desc = None
@@ -247,6 +270,9 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     full, hi = key_range(start_m, seq_q, seq_kv, CAUSAL, BLOCK_M, BLOCK_N)
+    if VARLEN:  # a tile past this sequence's end runs no key tile (and stores nothing: every row is masked)
+        full = tl.where(start_m < seq_q, full, 0)
+        hi = tl.where(start_m < seq_q, hi, 0)
     tl.static_assert(not (PIPELINE_QK and FP8), "PIPELINE_QK is a bf16/fp16 variant")
     if PIPELINE_QK:
         acc, l_i, m_i = _fwd_tiles_pipelined(acc, l_i, m_i, q, qk_scale, k_base, v_base, k_desc, v_desc, stride_kn,
@@ -268,7 +294,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
         m_i = m_i - P_SHIFT
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # natural log
     out = (acc / l_i[:, None]).to(O.dtype.element_ty)
-    tl.store(LSE + pid_bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
+    tl.store(lse_base + offs_m, lse, mask=offs_m < seq_q)
     if USE_TMA:
         o_desc.store([start_m, 0], out)
     else:
@@ -276,7 +302,7 @@ def _attn_fwd(Q, K, V, O, LSE, QS, KS, VS, sm_scale,
         tl.store(o_ptrs, out, mask=offs_m[:, None] < seq_q)
 
 
-_KEY = ["seq_q", "seq_kv", "HEAD_DIM", "CAUSAL", "FP8"]
+_KEY = ["seq_q", "seq_kv", "HEAD_DIM", "CAUSAL", "FP8", "VARLEN"]
 attn_fwd = triton.autotune(union(FWD), key=_KEY, prune_configs_by={"early_config_prune": pruner(FWD)},
                            do_bench=quick_bench)(_attn_fwd)
 attn_fwd_fp8 = triton.autotune(union(FP8), key=_KEY, prune_configs_by={"early_config_prune": pruner(FP8)},

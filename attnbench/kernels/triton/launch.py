@@ -81,9 +81,9 @@ def _fwd_launch(fp8: bool, q, k, v, qs, ks, vs, *, causal: bool, scale: float, s
     def grid(meta):
         return triton.cdiv(sq, meta["BLOCK_M"]), b * hq
 
-    args = (q, k, v, o, lse, qs, ks, vs, scale, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+    args = (q, k, v, o, lse, qs, ks, vs, None, None, scale, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             hq, hq // hkv, sq, skv, n_scale_q, n_scale_kv)
-    meta = dict(HEAD_DIM=d, CAUSAL=causal, FP8=fp8, SCALE_ROWS=scale_rows)
+    meta = dict(HEAD_DIM=d, CAUSAL=causal, FP8=fp8, SCALE_ROWS=scale_rows, VARLEN=False)
     tuned = fwd_kernels.attn_fwd_fp8 if fp8 else fwd_kernels.attn_fwd
     _run(tuned, fwd_kernels._attn_fwd, "_attn_fwd_fp8" if fp8 else "_attn_fwd", grid, args, meta, config, compile_only)
     return o, lse
@@ -96,6 +96,33 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, 
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
     return _fwd_launch(False, q, k, v, None, None, None, causal=causal, scale=scale, scale_rows=0, out_dtype=q.dtype,
                        config=config, compile_only=compile_only)
+
+
+def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   cu_seqlens_kv: torch.Tensor, *, max_seqlen_q: int, max_seqlen_kv: int, causal: bool, scale: float,
+                   config=None):
+    """(O, LSE) of a packed ragged batch: q (1, Hq, total_q, D), k and v (1, Hkv, total_kv, D), sequence
+    ``b`` at rows ``cu_seqlens[b]:cu_seqlens[b+1]`` (int32); causal bottom-right per sequence. O is
+    (1, Hq, total_q, D), LSE (1, Hq, total_q)."""
+    check_inputs(q, k, v)
+    if q.shape[0] != 1 or cu_seqlens_q.dtype != torch.int32 or cu_seqlens_kv.shape != cu_seqlens_q.shape:
+        raise ValueError(f"varlen inputs: q {tuple(q.shape)} with cu_seqlens {tuple(cu_seqlens_q.shape)} "
+                         f"{cu_seqlens_q.dtype} / {tuple(cu_seqlens_kv.shape)}; allowed: one packed batch row, "
+                         "int32 offsets of equal length")
+    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+    _, hq, total_q, d = q.shape
+    hkv, batch = k.shape[1], cu_seqlens_q.numel() - 1
+    o = torch.empty((1, hq, total_q, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((1, hq, total_q), dtype=torch.float32, device=q.device)
+
+    def grid(meta):
+        return triton.cdiv(max_seqlen_q, meta["BLOCK_M"]), batch * hq
+
+    args = (q, k, v, o, lse, None, None, None, cu_seqlens_q, cu_seqlens_kv, scale, *q.stride(), *k.stride(),
+            *v.stride(), *o.stride(), hq, hq // hkv, max_seqlen_q, max_seqlen_kv, 0, 0)
+    meta = dict(HEAD_DIM=d, CAUSAL=causal, FP8=False, SCALE_ROWS=0, VARLEN=True)
+    _run(fwd_kernels.attn_fwd, fwd_kernels._attn_fwd, "_attn_fwd", grid, args, meta, config, False)
+    return o, lse
 
 
 def fp8_forward(q: Quantized, k: Quantized, v: Quantized, *, causal: bool, scale: float, out_dtype: torch.dtype,

@@ -110,6 +110,8 @@ def _tma_ok(named_args: dict) -> bool:
     tensors = [named_args[name] for name in ("Q", "K", "V", "O")]
     if not hasattr(tl, "make_tensor_descriptor") or not tensors[0].is_cuda:
         return False
+    if named_args.get("CU_Q") is not None:  # the varlen path loads through pointers
+        return False
     if torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
         return False
     return all(t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride() if s != 1)

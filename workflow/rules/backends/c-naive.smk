@@ -20,14 +20,16 @@ rule c_naive:
     output:
         P.MICROBENCH_RULE.replace("{backend}", "c-naive"),
     log:
-        f"{P.LOGS}/microbench/c-naive/{{group}}.log",
+        job_log("microbench-rule", "c-naive/{group}"),
     benchmark:
-        f"{P.BENCHMARKS}/microbench/c-naive/{{group}}.tsv"
+        job_benchmark("microbench-rule", "c-naive/{group}")
     wildcard_constraints:
         group=NAME,
     params:
         work=lambda wildcards: f"{P.RESULTS}/backends/c-naive/{wildcards.group}",
-    # the whole machine, as every CPU timing job takes: nothing else runs while it times
+        lease=LEASE,
+    # the whole machine, as every CPU timing job takes: nothing else of this sweep runs while it times, and
+    # the timing command holds the host's timing lock (LEASE) against other sweeps
     threads: JOB_THREADS
     conda:
         "../../envs/attnbench.yaml"
@@ -36,7 +38,7 @@ rule c_naive:
         mkdir -p {params.work:q}
         attnbench rule-backend cases --job {input.job:q} --out {params.work:q}/cases.tsv 2> {log:q}
         if cc -O3 -std=c11 -o {params.work:q}/attention {input.source:q} -lm 2>> {log:q}; then
-            {params.work:q}/attention < {params.work:q}/cases.tsv > {params.work:q}/timings.tsv 2>> {log:q} || true
+            {params.lease} {params.work:q}/attention < {params.work:q}/cases.tsv > {params.work:q}/timings.tsv 2>> {log:q} || true
             attnbench rule-backend ingest --job {input.job:q} --timings {params.work:q}/timings.tsv \
                 --ceilings {input.ceilings:q} --family fused --version "$(cc --version | head -n 1)" \
                 --out {output:q} 2>> {log:q}

@@ -3,12 +3,13 @@
  * adapter (workflow/rules/backends/c-naive.smk runs it; README "Add a backend as a rule").
  *
  * Reads the cases written by `attnbench rule-backend cases` (TSV with a header) on stdin and
- * prints one TSV line per case on stdout: case_id status ms_median ms_p20 ms_p80 n_reps rel_err
- * max_abs_err reason. It runs fwd cases in fp32 (any layout; causal bottom-right aligned, as in
+ * prints one TSV line per case on stdout: case_id status ms_median ms_p20 ms_p80 n_reps ms_ci_low
+ * ms_ci_high rel_err max_abs_err reason. It runs fwd cases in fp32 (any layout; causal bottom-right aligned, as in
  * attnbench.bench.conventions) one query row at a time, so the score matrix is never
  * materialised: its bytes follow the `fused` family. Error is measured against the same
  * computation in double precision on the same inputs. Single-threaded; timing is
- * CLOCK_MONOTONIC around each call, median and quantiles of at least 3 calls or 0.2 s.
+ * CLOCK_MONOTONIC around each call, median and quantiles of at least 6 calls or 0.2 s, and the
+ * distribution-free 95% interval of the median from the order statistics (median_ci).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <math.h>
@@ -115,6 +116,22 @@ static double quantile(const double *sorted, int n, double at) {
     return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
 }
 
+/* The distribution-free interval of the median of n sorted samples (Conover 1999, "Practical Nonparametric
+ * Statistics", the confidence interval for a quantile): [x_(r), x_(n+1-r)] (1-based) with the largest r whose coverage
+ * 1 - 2 P(Binomial(n, 1/2) <= r - 1) is at least 95%. Under 6 samples no such r exists: NaN. */
+static void median_ci(const double *sorted, int n, double *low, double *high) {
+    double pmf = pow(0.5, n), below = 0.0; /* P(Bin = i), P(Bin <= r - 1) */
+    int r = 0;
+    for (int i = 0; i < n; i++) {
+        if (1.0 - 2.0 * (below + pmf) < 0.95) break;
+        below += pmf;
+        r = i + 1;
+        pmf *= (double)(n - i) / (i + 1);
+    }
+    *low = r ? sorted[r - 1] : NAN;
+    *high = r ? sorted[n - r] : NAN;
+}
+
 static float *random_tensor(size_t n) {
     float *t = malloc(n * sizeof *t);
     for (size_t i = 0; t && i < n; i++) t[i] = uniform();
@@ -123,7 +140,7 @@ static float *random_tensor(size_t n) {
 
 static void run(const Case *c) {
     if (strcmp(c->mode, "fwd") != 0 || strcmp(c->dtype, "fp32") != 0 || c->page_size) {
-        printf("%s\tunsupported\t\t\t\t\t\t\tc-naive runs fwd in fp32 on a contiguous cache (got %s %s)\n", c->id,
+        printf("%s\tunsupported\t\t\t\t\t\t\t\t\tc-naive runs fwd in fp32 on a contiguous cache (got %s %s)\n", c->id,
                c->mode, c->dtype);
         return;
     }
@@ -134,12 +151,12 @@ static void run(const Case *c) {
     enum { MAX_REPS = 100 };
     double times[MAX_REPS];
     if (!q || !k || !v || !o || !p || !ref || !pd) {
-        printf("%s\terror\t\t\t\t\t\t\tout of memory\n", c->id);
+        printf("%s\terror\t\t\t\t\t\t\t\t\tout of memory\n", c->id);
     } else {
         attention_f32(c, q, k, v, o, p); /* warm-up: page in the buffers */
         int n = 0;
         double total = 0.0;
-        while (n < MAX_REPS && (n < 3 || total < 0.2)) {
+        while (n < MAX_REPS && (n < 6 || total < 0.2)) {
             const double start = now_s();
             attention_f32(c, q, k, v, o, p);
             times[n] = now_s() - start;
@@ -154,8 +171,11 @@ static void run(const Case *c) {
             ref2 += ref[i] * ref[i];
             if (e > max_abs) max_abs = e;
         }
-        printf("%s\tok\t%.6g\t%.6g\t%.6g\t%d\t%.6g\t%.6g\t\n", c->id, quantile(times, n, 0.5) * 1e3,
-               quantile(times, n, 0.2) * 1e3, quantile(times, n, 0.8) * 1e3, n, sqrt(err2 / ref2), max_abs);
+        double low, high;
+        median_ci(times, n, &low, &high);
+        printf("%s\tok\t%.6g\t%.6g\t%.6g\t%d\t%.6g\t%.6g\t%.6g\t%.6g\t\n", c->id, quantile(times, n, 0.5) * 1e3,
+               quantile(times, n, 0.2) * 1e3, quantile(times, n, 0.8) * 1e3, n, low * 1e3, high * 1e3,
+               sqrt(err2 / ref2), max_abs);
     }
     free(q), free(k), free(v), free(o), free(p), free(ref), free(pd);
 }
@@ -163,7 +183,7 @@ static void run(const Case *c) {
 int main(void) {
     char line[1024];
     if (!fgets(line, sizeof line, stdin)) return 1; /* header: attnbench.workflow.ingest.CASE_COLUMNS */
-    printf("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\trel_err\tmax_abs_err\treason\n");
+    printf("case_id\tstatus\tms_median\tms_p20\tms_p80\tn_reps\tms_ci_low\tms_ci_high\trel_err\tmax_abs_err\treason\n");
     while (fgets(line, sizeof line, stdin)) {
         Case c;
         if (sscanf(line, "%63s %15s %15s %d %d %d %d %d %d %d %d %15s %d", c.id, c.mode, c.layout, &c.batch,

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Run sweeps through Snakemake on a time-limited GPU lease, and pack what they made for the trip back.
+#
+#   OUT=<dir> BUDGET_S=<seconds> bash scripts/lease.sh <sweep> [<sweep> ...]   (from the repository root)
+#
+# Each <sweep> is config/sweeps/<sweep>.yaml. The lease is a host without network whose calls are cut after
+# a few minutes: this wrapper only does what the pipeline cannot do for itself.
+#   1. installs the wheel bundles carried in .gpu-wheels/ (../shared/tools/gpu-wheels; docs/reference-runs.md),
+#      and puts an `attnbench` command on PATH where the package is not installed;
+#   2. records the GPU (nvidia-smi) beside the results;
+#   3. sets the deadline the guard honours (ATTNBENCH_DEADLINE): jobs that would start after it become rows
+#      that say so, and a job still running then is stopped and keeps its finished rows;
+#   4. runs `snakemake --configfile config/sweeps/<sweep>.yaml`; a cut call leaves a sweep that the next call
+#      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete);
+#   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz.
+# Provenance comes from git inside the jobs: carry a copy of .git and set GIT_DIR (docs/reference-runs.md; a tree with uncommitted
+# changes writes git_sha <sha>-dirty, and such rows are never committed as reference).
+set -uo pipefail
+OUT=${OUT:?set OUT to the folder whose files come back}
+BUDGET_S=${BUDGET_S:-540}          # the whole call; Snakemake is stopped SNAKEMAKE_MARGIN_S before its end
+SNAKEMAKE_MARGIN_S=${SNAKEMAKE_MARGIN_S:-45}
+JOBS_MARGIN_S=${JOBS_MARGIN_S:-75}  # no job starts in the last JOBS_MARGIN_S seconds (time for tables, report)
+[ $# -ge 1 ] || { echo "usage: OUT=<dir> bash scripts/lease.sh <sweep> [<sweep> ...]" >&2; exit 2; }
+started=$(date +%s)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+# 1. wheels and the attnbench command
+if [ -f .gpu-wheels/install.sh ]; then
+  bash .gpu-wheels/install.sh stage && bash .gpu-wheels/install.sh finish || echo "wheel install failed" >&2
+fi
+[ -f /opt/gpu-site/env.sh ] && source /opt/gpu-site/env.sh
+export PYTHONPATH=$PWD:${PYTHONPATH}
+if ! command -v attnbench >/dev/null 2>&1; then
+  shim=$(mktemp -d)
+  printf '#!/bin/sh\nexec python3 -m attnbench.cli "$@"\n' > "$shim/attnbench" && chmod +x "$shim/attnbench"
+  export PATH="$shim:$PATH"
+fi
+# pip --target installs leave nbconvert's templates under <site>/share/jupyter, where Jupyter does not look
+[ -d /opt/gpu-site/share/jupyter ] && export JUPYTER_PATH=/opt/gpu-site/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}
+
+# 2. the GPU, and the commit the jobs will record
+{ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
+    --format=csv; echo "commit: $(git rev-parse HEAD 2>/dev/null || echo 'no .git: rows say unknown')";
+  git status --porcelain --untracked-files=no 2>/dev/null | head -5; } > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+for sweep in "$@"; do
+  config=config/sweeps/$sweep.yaml
+  [ -f "$config" ] || { echo "no sweep file $config" >&2; continue; }
+  left=$(( started + BUDGET_S - SNAKEMAKE_MARGIN_S - $(date +%s) ))
+  if [ "$left" -lt 30 ]; then echo "=== $sweep: not started, ${left}s left"; continue; fi
+  # 3. the deadline every guarded job honours
+  export ATTNBENCH_DEADLINE=$(( $(date +%s) + left - JOBS_MARGIN_S ))
+  echo "=== $sweep: ${left}s for Snakemake $(date -u +%T)"
+  # 4. the sweep (a stale lock from a cut call is released first; incomplete outputs are rerun)
+  snakemake --configfile "$config" --unlock >/dev/null 2>&1
+  timeout --signal=INT --kill-after=20 "$left" \
+    snakemake --configfile "$config" --cores all --rerun-incomplete > "$OUT/$sweep-snakemake.log" 2>&1
+  echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
+  grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8
+  # 5. pack what the sweep made (this call's log beside it; the latest Snakemake log of the sweep inside)
+  cp "$OUT/$sweep-snakemake.log" "results/$sweep/snakemake.log" 2>/dev/null
+  tar -czf "$OUT/$sweep.tar.gz" --exclude="results/$sweep/pretrain/*/runs" --exclude="*.pt" \
+    --ignore-failed-read "results/$sweep" "reports/$sweep" 2>/dev/null
+  ls -la "$OUT/$sweep.tar.gz" 2>/dev/null
+done
+echo "total $(( $(date +%s) - started ))s"
