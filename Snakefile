@@ -5,7 +5,8 @@ ceilings, their tables) -> microbench (one job per group, plus backends added as
 (the joined rows; the stage's tables and figures, claims within report.min_margin) -> stability (each
 pass its own process; whether the passes agree within their intervals) -> compare (opt-in: `snakemake
 compare --config baseline=<path>`) -> hbm -> triton (its configs compiled before the microbench jobs
-that time it; the compiler report after) -> pretrain -> context -> report (one executed report, a
+that time it; the compiler report after) -> pretrain -> context -> context_parallel
+(opt-in: one torchrun job of N ranks per world size) -> report (one executed report, a
 section per stage); `snakemake publish` logs every stage to Weights & Biases. Every stage writes its
 tables, figures and results/<sweep>/<stage>/tables/index.json, which the report, `snakemake --report`
 and publishing read. The stage files are included explicitly, in data-flow order; a stage the sweep
@@ -23,6 +24,7 @@ include: "workflow/rules/hbm.smk"
 include: "workflow/rules/triton.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/context.smk"
+include: "workflow/rules/context_parallel.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/publish.smk"
 

@@ -145,6 +145,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "attnbench.hbm.commands",
     "attnbench.train.commands",
     "attnbench.context.commands",
+    "attnbench.parallel.commands",
     "attnbench.compiler.commands",
     "attnbench.report.commands",
     "attnbench.wheelhouse_commands",

@@ -38,7 +38,7 @@ from referencing.jsonschema import DRAFT202012
 from attnbench.errors import ConfigError
 
 SCHEMA_DIR = files("attnbench") / "schemas"
-SECTIONS = ("stability", "hbm", "pretrain", "context", "triton", "report")  # schemas/<section>.schema.yaml each
+SECTIONS = ("stability", "hbm", "pretrain", "context", "triton", "context_parallel", "report")  # schemas/<section>.schema.yaml each
 MAX_CONFIG_BYTES = 1 << 20
 MAX_EXTENDS_DEPTH = 8
 DEFAULT_CONFIG = Path("config") / "config.yaml"

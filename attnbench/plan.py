@@ -31,7 +31,7 @@ from attnbench.kernels.registry import backend_names
 from attnbench.workloads.grid import GridError, expand_group
 
 DEVICES = ("cpu", "cuda")
-STAGES = ("microbench", "stability", "hbm", "pretrain", "context", "triton")  # data-flow order
+STAGES = ("microbench", "stability", "hbm", "pretrain", "context", "triton", "context_parallel")  # data-flow order
 NAME_PATTERN = re.compile(NAME_PATTERN_TEXT)  # sweep, group, backend, experiment, run and variant names
 
 
@@ -135,6 +135,10 @@ def device_view(config: dict, device: str) -> dict:
     capability_schema = load_schema("context")["properties"]["capability"]
     view["context"]["capability"] = _merged_section(config["context"]["capability"], capability_schema,
                                                     "context.capability", device)
+    cp = dict(config["context_parallel"])
+    if device == "cuda" and "groups" in cp.get("cuda", {}):
+        cp.pop("groups")  # a cuda block's groups replace the CPU groups instead of merging into them
+    view["context_parallel"] = _merged_section(cp, load_schema("context_parallel"), "context_parallel", device)
     return view
 
 
@@ -170,6 +174,7 @@ class Plan:
     capability: dict | None = None
     pretrain: dict[str, object] = field(default_factory=dict)  # experiment -> train.experiments.ExperimentPlan
     triton: dict[str, Group] = field(default_factory=dict)
+    context_parallel: list = field(default_factory=list)  # Jobs, one per world size (attnbench.parallel.plan)
 
     @property
     def sweep(self) -> str:
@@ -253,6 +258,7 @@ class Plan:
                 "runs": [spec.to_dict() for spec in exp.runs], "train": exp.train, "time_limit_s": pre["time_limit_s"],
                 "compile_fallback": pre["compile_fallback"], "threads": pre["threads"]}))
         out += self.triton_jobs()
+        out += self.context_parallel
         return out
 
     def triton_precompile_groups(self) -> list[str]:
@@ -343,6 +349,7 @@ def write_if_changed(path: Path, text: str) -> Path:
 def _plan_device(config: dict, device: str, why: str, rule_backend_files: list[str] | None) -> Plan:
     """Check every section as ``device`` sees it; keep the jobs of the stages the sweep runs."""
     from attnbench.context.experiment import check_capability
+    from attnbench.parallel.plan import context_parallel_jobs
     from attnbench.train.experiments import plan_experiments
 
     view = device_view(config, device)
@@ -358,6 +365,7 @@ def _plan_device(config: dict, device: str, why: str, rule_backend_files: list[s
     cost = grid_groups(view["context"]["cost"], f"context.cost.{device}", max_cases)
     capability = check_capability(view["context"]["capability"], "context.capability")
     pretrain = plan_experiments(view["pretrain"])
+    context_parallel = context_parallel_jobs(view["context_parallel"], view)
     stages = plan.stages
     if "microbench" in stages:
         plan.microbench, plan.rule_backends = groups, rule_backends
@@ -371,6 +379,8 @@ def _plan_device(config: dict, device: str, why: str, rule_backend_files: list[s
         plan.pretrain = pretrain
     if "triton" in stages:
         plan.triton = triton
+    if "context_parallel" in stages:
+        plan.context_parallel = context_parallel
     return plan
 
 

@@ -126,6 +126,12 @@ def _context(results: Path, parts: tuple[str, ...]) -> StageOutputs:
                          _read_optional(paths.within(results, paths.CONTEXT_ROPE)))
 
 
+def _context_parallel(results: Path, parts: tuple[str, ...]) -> StageOutputs:
+    from attnbench.report import context_parallel
+
+    return context_parallel.build(read_parquet(paths.within(results, paths.CP_TABLE)))
+
+
 def _fixed(module: str):
     def names(parts: tuple[str, ...]):
         import importlib
@@ -144,6 +150,8 @@ STAGE_REPORTS: dict[str, StageReport] = {s.stage: s for s in (
     StageReport("triton", "Our Triton kernels: the compiler's report", lambda parts: (("compiler",), ()), _triton),
     StageReport("pretrain", "Pretraining experiments", _pretrain_names, _pretrain),
     StageReport("context", "Context extension", _fixed("context"), _context),
+    StageReport("context_parallel", "Context parallelism over N ranks", _fixed("context_parallel"),
+                _context_parallel),
 )}
 
 
@@ -228,6 +236,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("triton", "Our Triton kernel against the best backends", ("microbench", "triton")),
     Section("pretrain", "Pretraining: divergence, LR sensitivity, FP8, layouts", ("pretrain",)),
     Section("context", "Context extension: perplexity against length, and cost", ("context",)),
+    Section("context_parallel", "Context parallelism: attention sharded over N ranks, its scaling and its cost",
+            ("context_parallel",)),
 )
 
 

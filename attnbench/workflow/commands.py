@@ -2,7 +2,8 @@
 
   env            write the effective config and the versions/provenance of this host
   guard          run a results job; a crash becomes error rows for the cases it did not finish
-  lease          run a command under its device's timing lock (a leased GPU with CUDA_VISIBLE_DEVICES, or the CPU)
+  lease          run a command under its device's timing lock (a leased GPU with CUDA_VISIBLE_DEVICES, --gpus N
+                 of them all or none, or the CPU)
   rule-backend   `cases`: a job's cases as TSV; `ingest`: a command's timings as results rows
   schema         print or write a generated schema (results)
 """
@@ -67,7 +68,10 @@ def _cmd_lease(args) -> int:
     from attnbench.workflow.lease import run_leased, visible_devices
 
     device = args.device if args.device != "auto" else ("cuda" if visible_devices() else "cpu")
-    return run_leased(_inner(args), device, untimed=args.untimed)
+    if args.gpus < 1 or (args.gpus > 1 and device != "cuda"):
+        raise SystemExit(f"attnbench lease: --gpus={args.gpus} is not allowed with --device {device}; allowed: "
+                         "1, or N >= 1 with --device cuda")
+    return run_leased(_inner(args), device, untimed=args.untimed, gpus=args.gpus)
 
 
 def _cmd_rule_cases(args) -> int:
@@ -120,11 +124,13 @@ def add_commands(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the job's command")
     p.set_defaults(func=_cmd_guard)
 
-    p = sub.add_parser("lease", help="run a command under its device's timing lock (one GPU, or the whole CPU)")
+    p = sub.add_parser("lease", help="run a command under its device's timing lock (one GPU, --gpus N, or the whole CPU)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="the device the command times on (auto: cuda when a GPU is visible)")
     p.add_argument("--untimed", action="store_true",
                    help="the command needs the device but times nothing: no CPU lock (a GPU is still leased)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="GPUs to lease together, all or none (default 1; more only with --device cuda)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command")
     p.set_defaults(func=_cmd_lease)
 

@@ -8,7 +8,9 @@ sweep it belongs to:
   this job may use (:func:`visible_devices`); the command gets ``CUDA_VISIBLE_DEVICES`` set to that
   device, since Snakemake's ``gpu`` resource is only a scheduler token. With ``--resources gpu=N``
   equal to the number of GPUs a free device always exists within one sweep; a second sweep on the
-  same host waits for one.
+  same host waits for one. A job of N ranks (the context-parallel stage) asks for ``gpus=N``
+  (``attnbench lease --gpus N``): it takes N devices or none, releasing what it locked when it cannot
+  get the rest, so two such jobs never hold half each; ``CUDA_VISIBLE_DEVICES`` lists all N.
 * **cpu**: an exclusive lock on ``cpu.lock``, the whole machine: no two timing jobs on one host run
   at once, even when ``--cores`` would let Snakemake start them together or two sweeps run side by
   side. ``--untimed`` (a job that needs the device but times nothing) takes no CPU lock.
@@ -16,7 +18,7 @@ sweep it belongs to:
 A job that must wait says so in one line (who holds the lock) and blocks until it is free. The
 locks live in ``$ATTNBENCH_LOCK_DIR`` (default ``<tmp>/attnbench-locks``), shared by every sweep
 of the host; a lock is released when its holder exits, however it exits. The command gets
-``ATTNBENCH_LEASE`` (``cpu`` or ``cuda:<id>``), so rows record that they were timed under the lock
+``ATTNBENCH_LEASE`` (``cpu`` or ``cuda:<id>[,<id>...]``), so rows record that they were timed under the lock
 (``timing_lock``) and a nested ``attnbench lease`` (a command that itself calls one) runs directly
 under its parent's lease instead of waiting for itself.
 """
@@ -96,6 +98,26 @@ def try_lease(devices: list[str]) -> tuple[str, object] | None:
     return None
 
 
+def _release(handles) -> None:
+    for handle in handles:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def try_lease_many(devices: list[str], count: int) -> list[tuple[str, object]] | None:
+    """Lock ``count`` free devices, or none (what was locked is released): a list of (id, lock file)."""
+    held = []
+    free = list(devices)
+    while len(held) < count:
+        got = try_lease(free)
+        if got is None:
+            _release(h for _, h in held)
+            return None
+        held.append(got)
+        free = free[free.index(got[0]) + 1:]
+    return held
+
+
 def _wait(attempt: Callable[[], object], message: Callable[[], str], notify: Callable[[str], None],
           poll_s: float):
     """Call ``attempt`` until it returns something; say once, in one line, why it waits."""
@@ -113,22 +135,25 @@ def _say(text: str) -> None:
 
 
 @contextlib.contextmanager
-def gpu_lease(poll_s: float = POLL_S, notify: Callable[[str], None] = _say) -> Iterator[str]:
-    """Yield the leased device id; blocks until one is free. Errors if this host has no GPU."""
+def gpu_lease(poll_s: float = POLL_S, notify: Callable[[str], None] = _say, count: int = 1) -> Iterator[str]:
+    """Yield the leased device ids, comma-joined (one id for ``count=1``); blocks until ``count`` are free at
+    once (:func:`try_lease_many`). Errors if this host has no GPU, or fewer than ``count``."""
     devices = scheduler_devices() or visible_devices()
     if not devices:
         raise RuntimeError("a GPU lease was asked for, but no CUDA device is visible")
+    if count < 1 or count > len(devices):
+        raise RuntimeError(f"a lease of {count} GPUs was asked for; this host shows {len(devices)}")
 
     def busy() -> str:
         held = "; ".join(f"GPU {d}: {holder(lock_dir() / f'gpu-{d}.lock') or 'held'}" for d in devices)
-        return f"attnbench lease: waiting for a free GPU among {', '.join(devices)} ({held})"
+        wanted = "a free GPU" if count == 1 else f"{count} free GPUs"
+        return f"attnbench lease: waiting for {wanted} among {', '.join(devices)} ({held})"
 
-    device, handle = _wait(lambda: try_lease(devices), busy, notify, poll_s)
+    leases = _wait(lambda: try_lease_many(devices, count), busy, notify, poll_s)
     try:
-        yield device
+        yield ",".join(device for device, _ in leases)
     finally:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+        _release(h for _, h in leases)
 
 
 @contextlib.contextmanager
@@ -146,15 +171,16 @@ def cpu_lock(poll_s: float = POLL_S, notify: Callable[[str], None] = _say) -> It
 
 
 @contextlib.contextmanager
-def lease(device: str, untimed: bool = False, notify: Callable[[str], None] = _say) -> Iterator[dict]:
-    """The environment a leased command runs with: ``CUDA_VISIBLE_DEVICES`` on a GPU, and ``ATTNBENCH_LEASE``.
+def lease(device: str, untimed: bool = False, notify: Callable[[str], None] = _say, gpus: int = 1) -> Iterator[dict]:
+    """The environment a leased command runs with: ``CUDA_VISIBLE_DEVICES`` on a GPU (``gpus`` of them, all or
+    none), and ``ATTNBENCH_LEASE``.
 
     Inside another lease (``ATTNBENCH_LEASE`` already set) nothing is locked again.
     """
     if os.environ.get(LEASE_ENV):
         yield {}
     elif device == "cuda":
-        with gpu_lease(notify=notify) as gpu:
+        with gpu_lease(notify=notify, count=gpus) as gpu:
             notify(f"attnbench lease: GPU {gpu}")
             yield {"CUDA_VISIBLE_DEVICES": gpu, LEASE_ENV: f"cuda:{gpu}"}
     elif untimed:
@@ -164,13 +190,13 @@ def lease(device: str, untimed: bool = False, notify: Callable[[str], None] = _s
             yield {LEASE_ENV: "cpu"}
 
 
-def run_leased(cmd: list[str], device: str, untimed: bool = False) -> int:
+def run_leased(cmd: list[str], device: str, untimed: bool = False, gpus: int = 1) -> int:
     """Run ``cmd`` under :func:`lease`, in its own process group (:func:`attnbench.workflow.process.run`:
     stopped as a whole when the lease is stopped, and when its parent dies); its exit code, or 128 + the
     signal that stopped the lease."""
     from attnbench.workflow import process
 
-    with lease(device, untimed) as env:
+    with lease(device, untimed, gpus=gpus) as env:
         try:
             return process.run(cmd, env={**os.environ, **env}).code
         except process.Stopped as stop:

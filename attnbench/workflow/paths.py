@@ -45,6 +45,8 @@ PRETRAIN_RUNS = PRETRAIN_DIR + "/runs.parquet"
 PRETRAIN_STEPS = PRETRAIN_DIR + "/steps.parquet"
 TRITON_PRECOMPILE = RESULTS + "/triton/precompile.parquet"  # Triton configs compiled ahead of the timed jobs
 TRITON_COMPILER = RESULTS + "/triton/compiler.parquet"  # the compiler report on our Triton kernels
+CP_PART = RESULTS + "/context_parallel/n{world}.parquet"  # one job per world size N
+CP_TABLE = RESULTS + "/context_parallel/context_parallel.parquet"  # every N's rows, scaling efficiency filled
 
 # Each stage's tables and figures: <stage>/tables/{name}.{md,tex,csv}, <stage>/figures/{name}.{png,svg},
 # and one index of both with their captions, read by the report, `snakemake --report` and publishing.

@@ -127,7 +127,7 @@ def test_every_path_of_a_sweep_stays_under_its_two_folders():
     for name in dir(paths):
         if name.isupper() and isinstance(getattr(paths, name), str):
             path = getattr(paths, name).format(sweep="s", group="g", backend="b", stage="microbench", name="n",
-                                               index=1, experiment="e", method="m")
+                                               index=1, experiment="e", method="m", world=2)
             assert (path + "/").startswith(("results/s/", "reports/s/")) and ".." not in path, (name, path)
 
 

@@ -46,7 +46,7 @@ def rendered(tmp_path_factory):
     data = work / DATA
     data.parent.mkdir()
     data.write_bytes(b"all the world's a stage\n" * 64)
-    config = {**CONFIG, "stages": ["microbench", "stability", "hbm", "pretrain", "context", "triton"],
+    config = {**CONFIG, "stages": ["microbench", "stability", "hbm", "pretrain", "context", "triton", "context_parallel"],
               "report": {"wandb": {"tags": TAGS}},
               "pretrain": {"data": {"source": "file", "path": DATA},
                            "select": {"experiments": ["fp8"]}},

@@ -78,6 +78,20 @@ def test_gpu_leases_are_exclusive_per_device(tmp_path, monkeypatch):
     second[1].close(), third[1].close()
 
 
+def test_multi_gpu_leases_take_all_or_none(tmp_path, monkeypatch):
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    pair = lease.try_lease_many(lease.visible_devices(), 2)
+    assert [d for d, _ in pair] == ["0", "1"]
+    assert lease.try_lease_many(lease.visible_devices(), 3) is None  # two free of four: none taken
+    other = lease.try_lease_many(lease.visible_devices(), 2)
+    assert [d for d, _ in other] == ["2", "3"]
+    lease._release(h for _, h in pair + other)
+    with pytest.raises(RuntimeError, match="a lease of 8 GPUs was asked for; this host shows 4"):
+        with lease.gpu_lease(count=8):
+            pass
+
+
 def test_lease_command_sets_cuda_visible_devices(tmp_path, monkeypatch):
     from attnbench.cli import main
 
@@ -89,6 +103,24 @@ def test_lease_command_sets_cuda_visible_devices(tmp_path, monkeypatch):
                  "+ os.environ['ATTNBENCH_LEASE'])"])
     assert code == 0 and out.read_text() == "7 cuda:7" and os.environ["CUDA_VISIBLE_DEVICES"] == "7"
     assert "ATTNBENCH_LEASE" not in os.environ  # the child's record of its lease, not this process's
+
+
+def test_lease_command_takes_n_gpus_together_or_refuses(tmp_path, monkeypatch):
+    from attnbench.cli import main
+
+    monkeypatch.setenv(lease.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,6")
+    out = tmp_path / "seen.txt"
+    write = f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + os.environ['ATTNBENCH_LEASE'])"
+    assert main(["lease", "--device", "cuda", "--gpus", "2", "--", sys.executable, "-c", write]) == 0
+    assert out.read_text() == "2,5 cuda:2,5"
+    with lease.gpu_lease(count=2):  # 2 and 5 held by another job: a lease of 2 cannot take 6 alone
+        assert lease.try_lease_many(lease.visible_devices(), 2) is None
+        alone = lease.try_lease(lease.visible_devices())  # a one-GPU job still gets the free one
+        assert alone[0] == "6"
+        alone[1].close()
+    with pytest.raises(SystemExit, match="--gpus=2 is not allowed with --device cpu"):
+        main(["lease", "--device", "cpu", "--gpus", "2", "--", "true"])
 
 
 def _leased_env(tmp_path, *args):

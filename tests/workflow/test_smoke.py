@@ -18,7 +18,7 @@ from attnbench.report.artifacts import read_index
 from attnbench.report.stages import SECTIONS, section
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("env", "microbench", "stability", "hbm", "pretrain", "context")  # the smoke sweep's, and env
+STAGES = ("env", "microbench", "stability", "hbm", "pretrain", "context", "context_parallel")  # the smoke sweep's, and env
 FAKE_KEY = "fedcba9876543210fedcba9876543210fedcba98"
 
 pytestmark = pytest.mark.skipif(shutil.which("snakemake") is None or shutil.which("attnbench") is None,
@@ -60,7 +60,7 @@ def test_report_has_a_section_per_stage_and_says_what_did_not_run(sweep):
     triton = page.split(section("triton").title)[1].split(section("pretrain").title)[0]
     assert "triton_vs_best" in triton  # the microbench triton rows, beside the best other backend
     for text in ("Table (ceilings)", "Table (fa3_fwd)", "Table (stability)", "Table (kv_cache)", "Table (divergence)",
-                 "Table (perplexity_sliding)"):
+                 "Table (perplexity_sliding)", "Table (cp_tflops)"):
         assert text in page, text
     command = html.unescape(re.search(r"<code>(attnbench render [^<]+)</code>", page).group(1))
     (sweep / "reports" / "smoke" / "report.html").unlink()
