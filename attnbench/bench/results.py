@@ -172,13 +172,11 @@ def _array_cell(value):
     return [float(v) for v in value]
 
 
-def to_frame(rows: list[dict]) -> pd.DataFrame:
-    """Rows to a frame with every column, in :data:`COLUMNS` order, extra columns kept after."""
-    df = pd.DataFrame(rows)
-    for name, (kind, _) in COLUMNS.items():
+def typed_columns(df: pd.DataFrame, columns: dict[str, tuple[str, str]]) -> pd.DataFrame:
+    """``df`` with every one of ``columns`` (name -> (kind, meaning)) present and cast to its kind, in place."""
+    for name, (kind, _) in columns.items():
         if name not in df:
             df[name] = float("nan") if kind == "number" else None
-    for name, (kind, _) in COLUMNS.items():
         if kind == "number":
             df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
         elif kind == "integer":
@@ -189,6 +187,12 @@ def to_frame(rows: list[dict]) -> pd.DataFrame:
             df[name] = df[name].map(_array_cell).astype(object)
         else:
             df[name] = df[name].astype("string")
+    return df
+
+
+def to_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows to a frame with every column, in :data:`COLUMNS` order, extra columns kept after."""
+    df = typed_columns(pd.DataFrame(rows), COLUMNS)
     extra = [c for c in df.columns if c not in COLUMNS]
     return df[list(COLUMNS) + extra]
 

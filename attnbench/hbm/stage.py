@@ -32,7 +32,7 @@ from attnbench.case import Case
 from attnbench.bench.ceilings import Ceilings
 from attnbench.bench.microbench import base_row
 from attnbench.bench.provenance import timestamp
-from attnbench.bench.results import COLUMNS, read_results, to_frame
+from attnbench.bench.results import COLUMNS, read_results, to_frame, typed_columns
 from attnbench.hbm import ncu as ncu_cli
 from attnbench.kernels.registry import get_backend
 
@@ -351,16 +351,7 @@ def run_hbm(cases: list[Case], backends: list[str], options: HbmOptions,
 
 def frame(rows: list[dict]) -> pd.DataFrame:
     """Rows to a frame: results columns first, then :data:`HBM_COLUMNS` typed, then ncu_<metric> extras."""
-    df = to_frame(rows)
-    for name, (kind, _) in HBM_COLUMNS.items():
-        if name not in df:
-            df[name] = None
-        if kind == "number":
-            df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
-        elif kind == "integer":
-            df[name] = pd.to_numeric(df[name], errors="coerce").astype("Int64")
-        else:
-            df[name] = df[name].astype("string")
+    df = typed_columns(to_frame(rows), HBM_COLUMNS)
     for name in [c for c in df.columns if c.startswith("ncu_") and c not in HBM_COLUMNS]:
         df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
     return df

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pandas as pd
 
 from attnbench.bench import conventions
-from attnbench.bench.results import to_frame
+from attnbench.bench.results import to_frame, typed_columns
 from attnbench.case import Case
 from attnbench.parallel.documents import Documents
 
@@ -73,14 +73,5 @@ def flops(case: Case, documents: Documents | None) -> float:
 
 def frame(rows: list[dict]) -> pd.DataFrame:
     """Rows to a frame: results columns first, then :data:`CP_COLUMNS`, typed."""
-    df = to_frame(rows)
-    for name, (kind, _) in CP_COLUMNS.items():
-        if name not in df:
-            df[name] = None
-        if kind == "number":
-            df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
-        elif kind == "integer":
-            df[name] = pd.to_numeric(df[name], errors="coerce").astype("Int64")
-        else:
-            df[name] = df[name].astype("string")
+    df = typed_columns(to_frame(rows), CP_COLUMNS)
     return df
