@@ -107,6 +107,29 @@ def test_sweep_writes_results_tables_figures_and_report(run):
 
 
 @needs_snakemake
+def test_a_job_stopped_at_the_sweep_deadline_runs_again_in_the_next_sweep(run, tmp_path):
+    """What a cut GPU call leaves (deadline rows and a retry marker, the stage's tables and report already
+    written) is measured by the next plain `snakemake`: the parse reopens the job and the default target
+    reruns it, although everything downstream of it exists."""
+    workdir = tmp_path / "sweep"
+    shutil.copytree(run[0], workdir, symlinks=True)
+    results = workdir / "results" / "e2e"
+    (results / "microbench" / "tiny.parquet").unlink()  # the job, run again after the deadline had passed
+    cut = subprocess.run(["attnbench", "guard", "--job", str(results / "plan" / "microbench" / "tiny.json"),
+                          "--out", str(results / "microbench" / "tiny.parquet"), "--", "false"], cwd=workdir,
+                         capture_output=True, text=True, env={**os.environ, "ATTNBENCH_DEADLINE": "1"})
+    assert cut.returncode == 0, cut.stderr
+    assert pd.read_parquet(results / "microbench" / "tiny.parquet")["reason"].str.startswith(
+        "not run: the sweep deadline").all()
+    dry = snakemake(workdir, "-n", "--configfile", "config.yaml")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    log = dry.stdout + dry.stderr
+    assert "tiny.parquet was interrupted" in log and not (results / "microbench" / "tiny.parquet").exists()
+    planned = re.findall(r"^(?:local)?rule (\S+):$", log, flags=re.M)
+    assert {"microbench", "aggregate", "microbench_tables", "report"} <= set(planned), planned
+
+
+@needs_snakemake
 def test_snakemake_report_has_captions_and_categories(run):
     workdir, _ = run
     proc = snakemake(workdir, "report", "--report", "snakemake-report.html", "--configfile", "config.yaml")

@@ -5,6 +5,7 @@
 # Then the parts merged, and the PI- and YaRN-shaped tables, the cost tables, the perplexity figure and the
 # stage's index.
 CONTEXT_METHODS = PLAN.capability["methods"] if PLAN.capability else []
+CONTEXT_COST_RESULTS = expand(P.CONTEXT_COST, group=list(PLAN.context_cost))
 
 
 rule context_pretrain:
@@ -100,7 +101,7 @@ rule context_rope_overhead:
 rule context_merge:
     input:
         capability=expand(P.CONTEXT_CAPABILITY, method=CONTEXT_METHODS),
-        cost=expand(P.CONTEXT_COST, group=list(PLAN.context_cost)),
+        cost=CONTEXT_COST_RESULTS,
     output:
         capability=P.CONTEXT_CAPABILITY_ALL,
         cost=P.CONTEXT_COST_ALL,

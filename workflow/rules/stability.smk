@@ -2,6 +2,7 @@
 # stability.processes fresh processes, one job each (the microbench command on the stability job's plan
 # file), then the comparison's tables, figure and index.
 STABILITY_PARTS = [job.name for job in PLAN.jobs() if job.stage == "stability"]
+STABILITY_RESULTS = [P.STABILITY.format(**stability_part(part)) for part in STABILITY_PARTS]
 
 
 rule stability:
@@ -31,7 +32,7 @@ rule stability:
 
 rule stability_tables:
     input:
-        [P.STABILITY.format(**stability_part(part)) for part in STABILITY_PARTS],
+        STABILITY_RESULTS,
     output:
         **stage_outputs("stability", STABILITY_PARTS),
     log:
