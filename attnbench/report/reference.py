@@ -1,7 +1,7 @@
 """Assemble a sweep folder from the committed reference rows, so that the report renders from them.
 
 ``results/reference/h200/`` holds the sweep folders of reference runs through the pipeline (``paper/``,
-``stability/``, ``backends/``) beside rows that time-boxed GPU runs wrote before it ran every stage, in
+``stability/``, ``backends/``, ``workloads/``) beside rows that time-boxed GPU runs wrote before it ran every stage, in
 their own file layout (``hbm/``, ``pretrain/``, ``context/``; docs/reference-runs.md). :func:`assemble`
 copies (and, where a file held several stages' parts, splits) them into the layout of ``results/<sweep>/``
 (:mod:`attnbench.workflow.paths`) and writes every stage's tables, figures and index with the same
@@ -11,11 +11,15 @@ code the rules run; then ``attnbench render`` renders the report::
     attnbench render --results results/reference-h200 --out reports/reference/h200/report.html
     attnbench reference backends --out results/reference-h200-backends
     attnbench render --results results/reference-h200-backends --out reports/reference/h200/backends/report.html
+    attnbench reference workloads --out results/reference-h200-workloads
+    attnbench render --results results/reference-h200-workloads --out reports/reference/h200/workloads/report.html
 
 Reports
   sweep      the paper sweep's microbench rows (paper/), the stability passes (stability/), hbm and its
              ledger, the pretraining experiments, context capability and cost
   backends   the FA3-README-style backend grid (backends/): fa4, cuDNN, FlashInfer, fa2/fa3 unavailable
+  workloads  the real-workload sweep (workloads/): trace-driven ragged and chunked prefill, paged decode,
+             attention variants
 """
 from __future__ import annotations
 
@@ -29,7 +33,9 @@ from attnbench.bench.results import to_frame
 from attnbench.report import stages
 from attnbench.workflow import paths
 
-REPORTS = ("sweep", "backends")
+REPORTS = ("sweep", "backends", "workloads")
+# the sweep folder each reference report starts from (a folder that a reference run wrote)
+SWEEP_FOLDERS = {"sweep": "paper", "backends": "backends", "workloads": "workloads"}
 # scripts/h200_pretrain.sh wrote the divergence experiment's two extra frames into one file (column table)
 DIVERGENCE_TABLES = {"weight_divergence": "divergence.parquet", "numerics_vs_fp64": "numerics.parquet"}
 
@@ -128,7 +134,7 @@ def assemble(name: str, rows: str | Path, out: str | Path) -> Path:
     rows, out = Path(rows), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     parts: dict[str, list[str]] = {"env": [], "microbench": []}
-    sweep = rows / ("paper" if name == "sweep" else "backends")  # sweep folders of reference runs
+    sweep = rows / SWEEP_FOLDERS[name]
     _env(sweep, out)
     to_frame(pd.read_parquet(sweep / "microbench.parquet")).to_parquet(paths.within(out, paths.MERGED), index=False)
     if name == "sweep":

@@ -18,13 +18,14 @@ ROWS = REPO / "results" / "reference" / "h200"
 REPORTS = REPO / "reports" / "reference" / "h200"
 # committed table folder -> (reference report, stage folder whose tables it holds)
 COMMITTED = {REPORTS / "tables": ("sweep", "microbench"), REPORTS / "pretrain" / "tables": ("sweep", "pretrain"),
-             REPORTS / "backends" / "tables": ("backends", "microbench")}
+             REPORTS / "backends" / "tables": ("backends", "microbench"),
+             REPORTS / "workloads" / "tables": ("workloads", "microbench")}
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference")
-    return {name: assemble(name, ROWS, root / name) for name in ("sweep", "backends")}
+    return {name: assemble(name, ROWS, root / name) for name in ("sweep", "backends", "workloads")}
 
 
 @pytest.mark.parametrize("committed", list(COMMITTED), ids=lambda p: str(p.relative_to(REPORTS)))
@@ -42,6 +43,9 @@ def test_the_sweep_reference_has_every_stage_it_holds_rows_for(folders):
     backends = read_index(folders["backends"] / "microbench" / "tables" / "index.json")
     fa3 = {t["name"]: t["empty"] for t in backends["tables"] if t["group"] == "backends"}
     assert fa3 == {"fa3_fwd": False, "fa3_fwd_bwd": False, "fa3_decode": False}
+    workloads = read_index(folders["workloads"] / "microbench" / "tables" / "index.json")
+    filled = {t["name"] for t in workloads["tables"] if not t["empty"]}
+    assert {"workload_batches", "workload_throughput", "variant_coverage"} <= filled, filled
 
 
 @pytest.mark.skipif(shutil.which("jupyter") is None and shutil.which("jupytext") is None,
