@@ -69,6 +69,8 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 SchedulerType=sched/backfill
+# backfill every second, not every 30 s: a small job waiting behind an exclusive one starts without that wait
+SchedulerParameters=bf_interval=1
 ReturnToService=2
 MinJobAge=3600
 KillWait=10

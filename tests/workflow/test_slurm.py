@@ -72,11 +72,12 @@ def _slurm_time(minutes: int) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:00" if minutes >= 60 else f"{minutes}:00"
 
 
-def _requests(log: str, rule: str) -> set[tuple[str, str]]:
-    """(memory, time limit) of every job of ``rule`` that the run which wrote ``log`` submitted."""
+def _requests(log: str, rule: str) -> set[tuple[str, str, str]]:
+    """(memory, time limit, whether it shares its node) of every job of ``rule`` the run that wrote ``log`` submitted."""
     ours = _submitted(log)
-    return {(memory, limit) for job, note, memory, limit in _squeue("JobID", "Comment", "MinMemory", "TimeLimit")
-            if job in ours and note.startswith(f"rule_{rule}_")}
+    return {(memory, limit, shared) for job, note, memory, limit, shared in
+            _squeue("JobID", "Comment", "MinMemory", "TimeLimit", "OverSubscribe")
+            if job in ours and (note == f"rule_{rule}" or note.startswith(f"rule_{rule}_wildcards_"))}
 
 
 def _active_jobs(comment: str) -> list[str]:
@@ -128,8 +129,9 @@ def test_smoke_rows_record_their_host_and_device(smoke):
 def test_slurm_was_asked_for_what_resources_py_decides(smoke):
     _, log, _ = smoke
     timing, light = resources.KINDS["timing"], resources.KINDS["light"]
-    assert _requests(log, "microbench") == {(f"{timing.cpu_mem_mb}M", _slurm_time(timing.runtime_min))}
-    assert _requests(log, "report") == {(f"{light.cpu_mem_mb}M", _slurm_time(light.runtime_min))}
+    # a CPU timing job has its node to itself (OverSubscribe=NO: --exclusive), a tables job shares it
+    assert _requests(log, "microbench") == {(f"{timing.cpu_mem_mb}M", _slurm_time(timing.runtime_min), "NO")}
+    assert _requests(log, "report") == {(f"{light.cpu_mem_mb}M", _slurm_time(light.runtime_min), "OK")}
 
 
 # ----------------------------------------------------------------------------------------------- the GPU path
@@ -244,7 +246,7 @@ def _timed_out(workdir: Path, slurm: bool) -> dict:
     assert proc.returncode == 0, proc.stdout[-4000:]
     rows = pd.read_parquet(out)
     again = _run([*cmd, "--dry-run"], workdir)
-    limits = {limit for _, limit in _requests(proc.stdout, "microbench")} if slurm else None
+    limits = {limit for _, limit, _ in _requests(proc.stdout, "microbench")} if slurm else None
     return {"statuses": set(rows["status"]) - {"ok"}, "pairs": len(rows), "limits": limits,
             "reasons": set(rows.loc[rows.status == "timeout", "reason"]),
             "final": not resume.marker_path(out).exists() and "Nothing to be done" in again.stdout}
@@ -286,3 +288,20 @@ def test_a_cancelled_sweep_keeps_its_finished_rows_and_resumes_under_slurm_as_lo
     assert local == cluster
     assert local == {"stopped": True, "active": [], "output": False, "kept_some": True, "final": ["ok"], "pairs": 8,
                      "kept_unchanged": True}
+
+
+def test_a_job_slurm_stops_at_its_own_limit_keeps_its_rows_and_the_next_run_measures_the_rest(tmp_path):
+    """A SLURM time limit under the job's need (here one minute, by --set-resources): SLURM stops the job as a
+    local scheduler's SIGTERM would, so the guard leaves no output and the side file keeps the finished rows."""
+    out = tmp_path / _sweep(tmp_path, "slurmlimit", timing={"cpu_min_run_time_s": 5})  # 8 cases x 3 rounds x 5 s
+    cmd = _command(tmp_path, str(out.relative_to(tmp_path)), "--configfile", "c.yaml", slurm=True)
+    cut = _run([*cmd, "--set-resources", "microbench:runtime=1"], tmp_path)
+    assert cut.returncode != 0 and "TIMEOUT" in cut.stdout, cut.stdout[-4000:]
+    assert not out.exists()
+    kept = pd.read_parquet(resume.side_path(out))
+    assert 1 <= len(kept) < 8
+    rerun = _run(cmd, tmp_path)
+    assert rerun.returncode == 0, rerun.stdout[-4000:]
+    final = pd.read_parquet(out)
+    assert len(final) == 8 and set(final["status"]) == {"ok"}
+    assert (_stamps(final).loc[_stamps(kept).index] == _stamps(kept)).all()  # not measured again
