@@ -21,6 +21,7 @@ from attnbench.errors import ConfigError
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # wandb.Settings.mode
 DEVICE_ID = re.compile(r"^(-?[0-9]+|(GPU|MIG)-[0-9A-Za-z-]+)$")  # an index or a UUID (nvidia-smi -L)
 GIT_SHA = re.compile(r"^[0-9a-f]{7,40}(-dirty)?$")
+SLURM_JOB = re.compile(r"^[0-9]+(_[0-9]+)?$")  # a job id, or an array job's <id>_<index>
 
 def _deadline(value: str) -> float:
     try:
@@ -51,6 +52,22 @@ def _visible_devices(value: str) -> list[str]:
     return entries
 
 
+def _slurm_job(value: str) -> str:
+    if not SLURM_JOB.match(value):
+        raise ConfigError(f"SLURM_JOB_ID={value!r} is not allowed; allowed: a SLURM job id (digits), as sbatch sets it")
+    return value
+
+
+def _slurm_gpus(name: str):
+    def check(value: str) -> list[str]:
+        entries = [e.strip() for e in value.split(",") if e.strip()]
+        if not all(e.isdigit() for e in entries):
+            raise ConfigError(f"{name}={value!r} is not allowed; allowed: comma-separated GPU indices, as SLURM sets it")
+        return entries
+
+    return check
+
+
 def _git_sha(value: str) -> str:
     if not GIT_SHA.match(value):
         raise ConfigError(f"ATTNBENCH_GIT_SHA={value!r} is not allowed; allowed: 7-40 lowercase hex digits, "
@@ -70,6 +87,9 @@ VARIABLES = {
     "ATTNBENCH_LOCK_DIR": (_lock_dir, "folder of the GPU lease lock files (default: <tmp>/attnbench-gpu-locks)"),
     "ATTNBENCH_GIT_SHA": (_git_sha, "the commit every row records, for copies without .git"),
     "CUDA_VISIBLE_DEVICES": (_visible_devices, "the GPUs a job may lease: comma-separated indices or UUIDs"),
+    "SLURM_JOB_ID": (_slurm_job, "set by SLURM in its jobs: the job's GPUs are SLURM's (no local GPU lease)"),
+    "SLURM_STEP_GPUS": (_slurm_gpus("SLURM_STEP_GPUS"), "the node's GPUs SLURM gave this job step"),
+    "SLURM_JOB_GPUS": (_slurm_gpus("SLURM_JOB_GPUS"), "the node's GPUs SLURM gave this job"),
     "WANDB_MODE": (_wandb_mode, "wandb's mode for `snakemake publish` (default: online with a key, else offline)"),
 }
 

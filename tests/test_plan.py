@@ -232,7 +232,8 @@ def test_config_readme_documents_every_key():
     readme = (REPO / "config" / "README.md").read_text()
     top = configs.load_schema()
     keys = [f"`{k}`" for k in top["properties"] if k != "timing"] + ["`extends`"]
-    keys += [f"`timing.{k}`" for k in top["properties"]["timing"]["properties"]]
+    for section in ("timing", "slurm"):
+        keys += [f"`{section}.{k}`" for k in top["properties"][section]["properties"]]
     keys += [f"`{k}`" for k in top["$defs"]["plan"]["properties"]] + [f"`{k}`" for k in GRID_KEYS]
     for section in ("report", "stability", "triton"):
         schema = configs.load_schema(section)

@@ -93,6 +93,7 @@ def environment(device: str) -> dict:
         "python_version": platform.python_version(),
         "git_sha": git_sha(),
         "host": socket.gethostname(),
+        "gpu": "",
     }
     try:
         import triton
@@ -102,6 +103,7 @@ def environment(device: str) -> dict:
         pass
     if device == "cuda":
         info["device_name"] = torch.cuda.get_device_name()
+        info["gpu"] = current_gpu()
         info["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i",
                                current_gpu()]).split("\n")[0]
     else:

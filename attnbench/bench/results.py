@@ -139,6 +139,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "python_version": ("string", "Python version"),
     "git_sha": ("string", "attnbench commit"),
     "host": ("string", "host name"),
+    "gpu": ("string", "the GPU the row ran on, NVML's UUID (else its index); with host, where the row ran; empty on a CPU"),
     "timestamp": ("string", "UTC time the row was measured"),
     "kernels": ("string", "kernel (CUDA) or ATen op (CPU) names seen by the profiler, ';'-joined"),
 }

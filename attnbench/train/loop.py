@@ -478,7 +478,7 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
 
 def _provenance(device: str) -> dict:
     env = environment(device)
-    return {k: env[k] for k in ("device", "device_name", "torch_version", "cuda_version", "git_sha", "host")} | {
+    return {k: env[k] for k in ("device", "device_name", "torch_version", "cuda_version", "git_sha", "host", "gpu")} | {
         "timestamp": timestamp()}
 
 

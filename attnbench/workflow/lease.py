@@ -14,6 +14,12 @@ sweep it belongs to:
 * **cpu**: an exclusive lock on ``cpu.lock``, the whole machine: no two timing jobs on one host run
   at once, even when ``--cores`` would let Snakemake start them together or two sweeps run side by
   side. ``--untimed`` (a job that needs the device but times nothing) takes no CPU lock.
+* **under SLURM** (profiles/slurm): a GPU job takes the GPUs SLURM assigned it (:func:`scheduler_devices`),
+  with no lock file on top, since SLURM already gives each job its own devices; only a job whose
+  allocation holds more GPUs than it asks for (several local jobs inside one ``salloc``) leases among them.
+  A CPU timing job asks SLURM for its node exclusively (:mod:`attnbench.workflow.resources`) and still
+  takes the CPU lock, which is node-local (keep ``$ATTNBENCH_LOCK_DIR`` off shared filesystems, or timing
+  jobs on different nodes would wait for each other): it waits only for a timing job SLURM did not start.
 
 A job that must wait says so in one line (who holds the lock) and blocks until it is free. The
 locks live in ``$ATTNBENCH_LOCK_DIR`` (default ``<tmp>/attnbench-locks``), shared by every sweep
@@ -49,11 +55,21 @@ def lock_dir() -> Path:
 def scheduler_devices() -> list[str] | None:
     """GPUs a batch scheduler has already given this job, which the lease then takes as they are.
 
-    This is where a scheduler's device assignment enters (the SLURM executor's jobs get their
-    GPUs from SLURM, which sets CUDA_VISIBLE_DEVICES and owns exclusivity there). No scheduler is
-    consulted yet: None means "lease among :func:`visible_devices`".
+    In a SLURM job (``$SLURM_JOB_ID``: the SLURM executor's jobs, profiles/slurm) the devices are SLURM's:
+    ``CUDA_VISIBLE_DEVICES`` as SLURM set it for the job's gres, else ``SLURM_STEP_GPUS`` or
+    ``SLURM_JOB_GPUS``; an empty list when SLURM gave the job none. None outside SLURM: lease among
+    :func:`visible_devices`. SLURM owns exclusivity on its nodes, so :func:`gpu_lease` locks nothing when
+    the job holds exactly the GPUs it asks for.
     """
-    return None
+    from attnbench.envvars import check_environment
+
+    env = check_environment()
+    if env["SLURM_JOB_ID"] is None:
+        return None
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        if env[name] is not None:
+            return env[name]
+    return []
 
 
 def visible_devices() -> list[str]:
@@ -138,7 +154,14 @@ def _say(text: str) -> None:
 def gpu_lease(poll_s: float = POLL_S, notify: Callable[[str], None] = _say, count: int = 1) -> Iterator[str]:
     """Yield the leased device ids, comma-joined (one id for ``count=1``); blocks until ``count`` are free at
     once (:func:`try_lease_many`). Errors if this host has no GPU, or fewer than ``count``."""
-    devices = scheduler_devices() or visible_devices()
+    given = scheduler_devices()
+    if given is not None and len(given) == count:  # SLURM's assignment, taken as it is
+        yield ",".join(given)
+        return
+    if given == []:
+        raise RuntimeError(f"a lease of {count} GPU(s) was asked for, but SLURM job {os.environ['SLURM_JOB_ID']} was "
+                           "given none; ask for them in the rule's resources (gpu=N, attnbench.workflow.resources)")
+    devices = given or visible_devices()  # more than asked for (a shared allocation): leased among them
     if not devices:
         raise RuntimeError("a GPU lease was asked for, but no CUDA device is visible")
     if count < 1 or count > len(devices):

@@ -195,6 +195,8 @@ def test_a_failing_report_cell_is_one_line(tmp_path, monkeypatch):
     ("WANDB_MODE", "loud", "WANDB_MODE='loud' is not allowed; allowed: online, offline, disabled"),
     ("ATTNBENCH_GIT_SHA", "$(id)", "ATTNBENCH_GIT_SHA='$(id)' is not allowed"),
     ("CUDA_VISIBLE_DEVICES", "0,../../etc/x", "'../../etc/x' is not allowed"),
+    ("SLURM_JOB_ID", "12; rm", "SLURM_JOB_ID='12; rm' is not allowed; allowed: a SLURM job id"),
+    ("SLURM_STEP_GPUS", "0,x", "SLURM_STEP_GPUS='0,x' is not allowed; allowed: comma-separated GPU indices"),
 ])
 def test_a_bad_environment_variable_is_one_line_before_any_work(monkeypatch, capsys, name, value, fragment):
     monkeypatch.setenv(name, value)

@@ -14,6 +14,9 @@ rule aggregate:
         f"{P.LOGS}/aggregate.log",
     benchmark:
         f"{P.BENCHMARKS}/aggregate.tsv"
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -31,6 +34,9 @@ rule microbench_tables:
         f"{P.BENCHMARKS}/microbench-tables.tsv"
     params:
         results=sweep_folder,
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

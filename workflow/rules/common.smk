@@ -14,7 +14,8 @@ from attnbench.envvars import check_environment
 from attnbench.errors import ConfigError
 from attnbench.plan import NAME_PATTERN, build_plan
 from attnbench.report.stages import STAGE_REPORTS, declared_outputs, index_labels, stability_part
-from attnbench.workflow import paths, resume
+from attnbench.workflow import paths, resources, resume
+from snakemake.exceptions import WorkflowError
 
 min_version("8.20")
 
@@ -54,10 +55,26 @@ def job_benchmark(stage, name):
 
 
 ON_GPU = PLAN.device == "cuda"
-# CPU timing needs the whole machine: a CPU job takes every core, so timing jobs run one at a time.
-# A GPU job takes one GPU (a `gpu` token, plus the lease that sets CUDA_VISIBLE_DEVICES) and a few cores.
-CORES = workflow.cores or 1  # unset in some modes (e.g. --lint without a profile)
-JOB_THREADS = min(4, CORES) if ON_GPU else CORES
+try:
+    CORES = workflow.cores or None  # --cores: unset in some modes (e.g. --lint without a profile)
+except WorkflowError:  # a cluster executor without --cores (profiles/slurm): a node's CPUs are not known here
+    CORES = None
+
+
+def job_threads(kind):
+    """A job's CPUs by its kind (attnbench.workflow.resources): a CPU timing job takes every core, so timing
+    jobs run one at a time; a GPU job a few; a tables job one."""
+    return resources.threads(kind, on_gpu=ON_GPU, cores=CORES)
+
+
+def job_resources(kind, gpus=1, time_limit_s=None):
+    """A job's resources by its kind (attnbench.workflow.resources): runtime, mem_mb, its GPUs on the GPU grid
+    (a `gpu` token locally, `--gpus` under SLURM), the config's SLURM partition and account."""
+    return resources.resources(kind, on_gpu=ON_GPU, slurm=PLAN.config["slurm"], gpus=gpus, time_limit_s=time_limit_s)
+
+
+# the sweep's own limit on a guarded results job: the SLURM limit is set above it, so the guard's fires first
+RESULTS_LIMIT_S = PLAN.config["job_time_limit_s"]
 # The one lease mechanism (attnbench.workflow.lease): every job that times something, or uses the GPU, runs
 # under `attnbench lease`, which holds its device's timing lock host-wide (a GPU, or the whole CPU) whatever
 # --cores says, so timing jobs of this sweep and of any other sweep on the host never overlap.

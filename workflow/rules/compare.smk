@@ -14,6 +14,9 @@ rule compare:
         f"{P.LOGS}/compare.log",
     params:
         threshold=PLAN.config["report"]["compare_threshold"],
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

@@ -20,10 +20,9 @@ rule context_pretrain:
     params:
         # training, not timing: a GPU is leased, but on a CPU no timing lock is taken
         lease=LEASE if ON_GPU else "",
-    # one thread on a CPU, so the capability jobs run side by side
-    threads: JOB_THREADS if ON_GPU else 1
+    threads: job_threads("untimed")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("untimed"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -45,9 +44,9 @@ rule context_evaluate:
         method=NAME,
     params:
         lease=LEASE if ON_GPU else "",  # evaluation, not timing: as context_pretrain
-    threads: JOB_THREADS if ON_GPU else 1
+    threads: job_threads("untimed")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("untimed"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -69,9 +68,9 @@ rule context_cost:
         group=NAME,
     params:
         lease=LEASE,
-    threads: JOB_THREADS
+    threads: job_threads("timing")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("timing", time_limit_s=RESULTS_LIMIT_S),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -88,9 +87,9 @@ rule context_rope_overhead:
         job_log("context", "rope-overhead"),
     params:
         lease=LEASE,
-    threads: JOB_THREADS
+    threads: job_threads("timing")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("timing"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -107,6 +106,9 @@ rule context_merge:
         cost=P.CONTEXT_COST_ALL,
     log:
         f"{P.LOGS}/context/merge.log",
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -125,6 +127,9 @@ rule context_tables:
         f"{P.LOGS}/context/tables.log",
     params:
         results=sweep_folder,
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

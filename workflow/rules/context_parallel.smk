@@ -32,8 +32,9 @@ rule context_parallel:
         world=r"[0-9]+",
     params:
         lease=lambda wildcards: CP_LEASE[int(wildcards.world)],
-    threads: JOB_THREADS
+    threads: job_threads("timing")
     resources:
+        **job_resources("timing", gpus=0),
         gpu=lambda wildcards: CP_GPUS[int(wildcards.world)],
     conda:
         "../envs/attnbench.yaml"
@@ -48,6 +49,9 @@ rule context_parallel_merge:
         P.CP_TABLE,
     log:
         f"{P.LOGS}/context_parallel/merge.log",
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -63,6 +67,9 @@ rule context_parallel_tables:
         f"{P.LOGS}/context_parallel/tables.log",
     params:
         results=sweep_folder,
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

@@ -10,6 +10,9 @@ rule env:
         versions=P.VERSIONS,
     log:
         f"{P.LOGS}/env.log",
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -27,9 +30,9 @@ rule ceilings:
     params:
         device=PLAN.device,
         lease=LEASE,
-    threads: JOB_THREADS
+    threads: job_threads("timing")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("timing"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -46,6 +49,9 @@ rule env_tables:
         f"{P.LOGS}/env-tables.log",
     params:
         results=sweep_folder,
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

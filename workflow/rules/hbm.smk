@@ -21,9 +21,9 @@ rule hbm:
         backend=NAME,
     params:
         lease=LEASE,
-    threads: JOB_THREADS
+    threads: job_threads("timing")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("timing"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -38,6 +38,9 @@ rule hbm_table:
         P.HBM_TABLE,
     log:
         f"{P.LOGS}/hbm/table.log",
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -52,6 +55,9 @@ rule hbm_ledger:
         P.HBM_LEDGER,
     log:
         f"{P.LOGS}/hbm/ledger.log",
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -68,6 +74,9 @@ rule hbm_tables:
         f"{P.LOGS}/hbm/tables.log",
     params:
         results=sweep_folder,
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

@@ -22,9 +22,9 @@ rule microbench:
         group=NAME,
     params:
         lease=LEASE,
-    threads: JOB_THREADS
+    threads: job_threads("timing")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("timing", time_limit_s=RESULTS_LIMIT_S),
     conda:
         "../envs/attnbench.yaml"
     shell:

@@ -3,6 +3,8 @@
 # kept, killed ones resume from their checkpoints), then every experiment's paper-style tables and figure and
 # the stage's index under results/<sweep>/pretrain/{tables,figures}.
 PRETRAIN_EXPERIMENTS = list(PLAN.pretrain)
+# an experiment's own wall-clock budget (pretrain.time_limit_s): its SLURM limit is set above it (resources.py)
+PRETRAIN_LIMIT_S = PLAN.view["pretrain"]["time_limit_s"]
 
 
 rule pretrain_experiment:
@@ -22,9 +24,9 @@ rule pretrain_experiment:
         lease=LEASE,
         folder=lambda w, output: str(Path(output.runs).parent),
     # runs that report tokens/s take the whole machine (CPU) or a whole GPU, like every timing job
-    threads: JOB_THREADS
+    threads: job_threads("timing")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("timing", time_limit_s=PRETRAIN_LIMIT_S),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -43,6 +45,9 @@ rule pretrain_tables:
     params:
         results=sweep_folder,
         parts=[word for name in PRETRAIN_EXPERIMENTS for word in ("--part", name)],
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

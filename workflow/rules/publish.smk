@@ -22,6 +22,9 @@ rule publish:
         project=WANDB["project"],
         entity=["--entity", WANDB["entity"]] if WANDB["entity"] else [],
         tags=[word for tag in WANDB["tags"] for word in ("--tag", tag)],
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

@@ -22,6 +22,9 @@ rule report:
         results=lambda wildcards, input: Path(input.indexes[0]).parents[2],
         notebooks=lambda wildcards, input: Path(input.notebooks[0]).parent,
         stages=[word for stage in REPORT_STAGES for word in ("--stage", stage)],
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

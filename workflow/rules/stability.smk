@@ -20,9 +20,9 @@ rule stability:
         index=r"\d+",
     params:
         lease=LEASE,
-    threads: JOB_THREADS
+    threads: job_threads("timing")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("timing", time_limit_s=RESULTS_LIMIT_S),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -40,6 +40,9 @@ rule stability_tables:
     params:
         results=sweep_folder,
         parts=[word for part in STABILITY_PARTS for word in ("--part", part)],
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

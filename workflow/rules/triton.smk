@@ -16,9 +16,9 @@ rule triton_precompile:
         job_benchmark("precompile", "triton")
     params:
         lease=LEASE_UNTIMED,
-    threads: CORES
+    threads: job_threads("compile")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("compile"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -36,9 +36,9 @@ rule triton_report:
         job_benchmark("triton", "compiler")
     params:
         lease=LEASE_UNTIMED,
-    threads: JOB_THREADS
+    threads: job_threads("untimed")
     resources:
-        gpu=int(ON_GPU),
+        **job_resources("untimed"),
     conda:
         "../envs/attnbench.yaml"
     shell:
@@ -54,6 +54,9 @@ rule triton_tables:
         job_log("triton", "tables"),
     params:
         results=sweep_folder,
+    threads: job_threads("light")
+    resources:
+        **job_resources("light"),
     conda:
         "../envs/attnbench.yaml"
     shell:

@@ -30,7 +30,9 @@ rule c_naive:
         lease=LEASE,
     # the whole machine, as every CPU timing job takes: nothing else of this sweep runs while it times, and
     # the timing command holds the host's timing lock (LEASE) against other sweeps
-    threads: JOB_THREADS
+    threads: job_threads("timing")
+    resources:
+        **job_resources("timing"),
     conda:
         "../../envs/attnbench.yaml"
     shell:
