@@ -105,7 +105,7 @@ def environment(device: str) -> dict:
         info["device_name"] = torch.cuda.get_device_name()
         info["gpu"] = current_gpu()
         info["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i",
-                               current_gpu()]).split("\n")[0]
+                               info["gpu"]]).split("\n")[0]
     else:
         info["device_name"] = f"CPU {platform.machine()} x{torch.get_num_threads()} threads"
     return info

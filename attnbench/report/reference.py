@@ -33,9 +33,9 @@ from attnbench.bench.results import to_frame
 from attnbench.report import stages
 from attnbench.workflow import paths
 
-REPORTS = ("sweep", "backends", "workloads")
-# the sweep folder each reference report starts from (a folder that a reference run wrote)
+# each reference report and the sweep folder it starts from (a folder that a reference run wrote)
 SWEEP_FOLDERS = {"sweep": "paper", "backends": "backends", "workloads": "workloads"}
+REPORTS = tuple(SWEEP_FOLDERS)
 # scripts/h200_pretrain.sh wrote the divergence experiment's two extra frames into one file (column table)
 DIVERGENCE_TABLES = {"weight_divergence": "divergence.parquet", "numerics_vs_fp64": "numerics.parquet"}
 
