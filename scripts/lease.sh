@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Run sweeps through Snakemake on a time-limited GPU lease, and pack what they made for the trip back.
 #
-#   OUT=<dir> BUDGET_S=<seconds> bash scripts/lease.sh <sweep> [<sweep> ...]   (from the repository root)
+#   OUT=<dir> BUDGET_S=<seconds> bash scripts/lease.sh <sweep>[:<group>,...] [<sweep>[:<group>,...] ...]
+#   (from the repository root)
 #
-# Each <sweep> is config/sweeps/<sweep>.yaml. The lease is a host without network whose calls are cut after
+# Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job and the report);
+# <sweep>:<group>,<group> runs only those microbench groups (results/<sweep>/microbench/<group>.parquet), for a
+# cold machine that should not measure again the groups an earlier lease already brought back. The lease is a host without network whose calls are cut after
 # a few minutes: this wrapper only does what the pipeline cannot do for itself.
 #   1. installs the wheel bundles carried in .gpu-wheels/ (../shared/tools/gpu-wheels; docs/reference-runs.md),
 #      and puts an `attnbench` command on PATH where the package is not installed;
@@ -20,7 +23,7 @@ OUT=${OUT:?set OUT to the folder whose files come back}
 BUDGET_S=${BUDGET_S:-540}          # the whole call; Snakemake is stopped SNAKEMAKE_MARGIN_S before its end
 SNAKEMAKE_MARGIN_S=${SNAKEMAKE_MARGIN_S:-45}
 JOBS_MARGIN_S=${JOBS_MARGIN_S:-75}  # no job starts in the last JOBS_MARGIN_S seconds (time for tables, report)
-[ $# -ge 1 ] || { echo "usage: OUT=<dir> bash scripts/lease.sh <sweep> [<sweep> ...]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: OUT=<dir> bash scripts/lease.sh <sweep>[:<group>,...] [...]" >&2; exit 2; }
 started=$(date +%s)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -45,18 +48,27 @@ fi
   git status --porcelain --untracked-files=no 2>/dev/null | head -5; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 
-for sweep in "$@"; do
+for spec in "$@"; do
+  sweep=${spec%%:*}
   config=config/sweeps/$sweep.yaml
   [ -f "$config" ] || { echo "no sweep file $config" >&2; continue; }
+  targets=()
+  if [ "$spec" != "$sweep" ]; then
+    IFS=, read -r -a groups <<< "${spec#*:}"
+    for group in "${groups[@]}"; do
+      [[ $group =~ ^[A-Za-z0-9_-]+$ ]] || { echo "bad group '$group' in $spec: letters, digits, - and _ only" >&2; continue 2; }
+      targets+=("results/$sweep/microbench/$group.parquet")
+    done
+  fi
   left=$(( started + BUDGET_S - SNAKEMAKE_MARGIN_S - $(date +%s) ))
   if [ "$left" -lt 30 ]; then echo "=== $sweep: not started, ${left}s left"; continue; fi
   # 3. the deadline every guarded job honours
   export ATTNBENCH_DEADLINE=$(( $(date +%s) + left - JOBS_MARGIN_S ))
-  echo "=== $sweep: ${left}s for Snakemake $(date -u +%T)"
+  echo "=== $sweep: ${left}s for Snakemake $(date -u +%T)${targets:+ (groups ${spec#*:})}"
   # 4. the sweep (a stale lock from a cut call is released first; incomplete outputs are rerun)
   snakemake --configfile "$config" --unlock >/dev/null 2>&1
   timeout --signal=INT --kill-after=20 "$left" \
-    snakemake --configfile "$config" --cores all --rerun-incomplete > "$OUT/$sweep-snakemake.log" 2>&1
+    snakemake --configfile "$config" --cores all --rerun-incomplete "${targets[@]}" > "$OUT/$sweep-snakemake.log" 2>&1
   echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
   grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8
   # 5. pack what the sweep made (this call's log beside it; the latest Snakemake log of the sweep inside)
