@@ -15,7 +15,10 @@
 #      that say so, and a job still running then is stopped and keeps its finished rows;
 #   4. runs `snakemake --configfile config/sweeps/<sweep>.yaml`; a cut call leaves a sweep that the next call
 #      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete);
-#   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz.
+#   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz;
+#   6. packs FlashInfer's JIT cache as $OUT/flashinfer-cache.tar.gz (when it fits what a call brings back): carried
+#      in the next cold machine's call as .gpu-wheels/flashinfer-cache.tar.gz, it is unpacked before the sweeps, so
+#      FlashInfer does not compile its kernel variants again (about a minute each).
 # Provenance comes from git inside the jobs: carry a copy of .git and set GIT_DIR (docs/reference-runs.md; a tree with uncommitted
 # changes writes git_sha <sha>-dirty, and such rows are never committed as reference).
 set -uo pipefail
@@ -23,6 +26,9 @@ OUT=${OUT:?set OUT to the folder whose files come back}
 BUDGET_S=${BUDGET_S:-540}          # the whole call; Snakemake is stopped SNAKEMAKE_MARGIN_S before its end
 SNAKEMAKE_MARGIN_S=${SNAKEMAKE_MARGIN_S:-45}
 JOBS_MARGIN_S=${JOBS_MARGIN_S:-75}  # no job starts in the last JOBS_MARGIN_S seconds (time for tables, report)
+PARSE_S=${PARSE_S:-60}              # Snakemake's start on a GPU host (the plan imports torch), before any job
+CACHE_LIMIT_BYTES=${CACHE_LIMIT_BYTES:-16000000}  # the largest file a call brings back
+FLASHINFER_CACHE=${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer
 [ $# -ge 1 ] || { echo "usage: OUT=<dir> bash scripts/lease.sh <sweep>[:<group>,...] [...]" >&2; exit 2; }
 started=$(date +%s)
 mkdir -p "$OUT"
@@ -42,6 +48,18 @@ fi
 # pip --target installs leave nbconvert's templates under <site>/share/jupyter, where Jupyter does not look
 [ -d /opt/gpu-site/share/jupyter ] && export JUPYTER_PATH=/opt/gpu-site/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}
 
+if [ -f .gpu-wheels/flashinfer-cache.tar.gz ] && [ ! -d "$FLASHINFER_CACHE" ]; then
+  mkdir -p "$(dirname "$FLASHINFER_CACHE")" && tar -xzf .gpu-wheels/flashinfer-cache.tar.gz -C "$(dirname "$FLASHINFER_CACHE")" \
+    && echo "FlashInfer's JIT cache unpacked into $FLASHINFER_CACHE"
+fi
+
+pack() {  # 5. what the sweep made (this call's log beside it; the latest Snakemake log of the sweep inside)
+  cp "$OUT/$1-snakemake.log" "results/$1/snakemake.log" 2>/dev/null
+  tar -czf "$OUT/$1.tar.gz" --exclude="results/$1/pretrain/*/runs" --exclude="*.pt" \
+    --ignore-failed-read "results/$1" "reports/$1" 2>/dev/null
+  ls -la "$OUT/$1.tar.gz" 2>/dev/null
+}
+
 # 2. the GPU, and the commit the jobs will record
 { nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
     --format=csv; echo "commit: $(git rev-parse HEAD 2>/dev/null || echo 'no .git: rows say unknown')";
@@ -59,9 +77,14 @@ for spec in "$@"; do
       [[ $group =~ ^[A-Za-z0-9_-]+$ ]] || { echo "bad group '$group' in $spec: letters, digits, - and _ only" >&2; continue 2; }
       targets+=("results/$sweep/microbench/$group.parquet")
     done
+    targets+=("results/$sweep/env/config.yaml" "results/$sweep/env/versions.json")  # the run's config and versions
   fi
   left=$(( started + BUDGET_S - SNAKEMAKE_MARGIN_S - $(date +%s) ))
-  if [ "$left" -lt 30 ]; then echo "=== $sweep: not started, ${left}s left"; continue; fi
+  if [ "$left" -lt $(( JOBS_MARGIN_S + PARSE_S )) ]; then  # every job would only write its not-run rows
+    echo "=== $sweep: not started, ${left}s left (a job needs more than ${JOBS_MARGIN_S} + ${PARSE_S}s)"
+    [ -d "results/$sweep" ] && pack "$sweep"
+    continue
+  fi
   # 3. the deadline every guarded job honours
   export ATTNBENCH_DEADLINE=$(( $(date +%s) + left - JOBS_MARGIN_S ))
   echo "=== $sweep: ${left}s for Snakemake $(date -u +%T)${targets:+ (groups ${spec#*:})}"
@@ -71,10 +94,16 @@ for spec in "$@"; do
     snakemake --configfile "$config" --cores all --rerun-incomplete "${targets[@]}" > "$OUT/$sweep-snakemake.log" 2>&1
   echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
   grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8
-  # 5. pack what the sweep made (this call's log beside it; the latest Snakemake log of the sweep inside)
-  cp "$OUT/$sweep-snakemake.log" "results/$sweep/snakemake.log" 2>/dev/null
-  tar -czf "$OUT/$sweep.tar.gz" --exclude="results/$sweep/pretrain/*/runs" --exclude="*.pt" \
-    --ignore-failed-read "results/$sweep" "reports/$sweep" 2>/dev/null
-  ls -la "$OUT/$sweep.tar.gz" 2>/dev/null
+  pack "$sweep"
 done
+# 6. FlashInfer's JIT cache, for the next cold machine
+if [ -d "$FLASHINFER_CACHE" ]; then
+  tar -czf "$OUT/flashinfer-cache.tar.gz" -C "$(dirname "$FLASHINFER_CACHE")" flashinfer 2>/dev/null
+  size=$(stat -c %s "$OUT/flashinfer-cache.tar.gz" 2>/dev/null || echo 0)
+  if [ "$size" -gt "$CACHE_LIMIT_BYTES" ]; then
+    rm -f "$OUT/flashinfer-cache.tar.gz"; echo "FlashInfer's JIT cache not packed: ${size} bytes compressed, over ${CACHE_LIMIT_BYTES}"
+  else
+    echo "FlashInfer's JIT cache packed: ${size} bytes"
+  fi
+fi
 echo "total $(( $(date +%s) - started ))s"
