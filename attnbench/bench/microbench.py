@@ -340,10 +340,14 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
 
     A case's rows are appended to ``rows`` (a new list by default) once all its rounds, energy
     windows and numerics are done, so a caller that is interrupted still holds every finished case.
+    The drift check re-times the job's first measured call after every case: a case's rows carry the
+    drift up to their end, so the rows of a job stopped part-way still say how far its clocks had moved,
+    and once the job ends every row carries the drift over the whole job.
     """
     job = _Job(backends, options, log)
     rows = [] if rows is None else rows
     first = len(rows)
+    drift = float("nan")  # nothing measured yet
     for i, case in enumerate(cases, 1):
         started = time.perf_counter()
         try:
@@ -371,6 +375,9 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
                 fused = [e.backend.family == "fused" and e.backend.compute_dtype is None for e in entries]
                 for entry, ratio in zip(entries, ratios_vs_best_fused([e.row for e in entries], fused)):
                     entry.row["err_ratio_vs_best_fused"] = ratio
+        drift = job.drift()
+        for entry in entries:
+            _set_drift(entry.row, drift)
         rows.extend(entry.row for entry in entries)
         for entry in entries:
             log(f"[{i}/{len(cases)}] {entry.backend.name:15s} {case.label()}: {entry.row['status']} "
@@ -380,8 +387,11 @@ def run_group(cases: list[Case], backends: list[str], options: RunOptions,
         job.baselines = None
         if options.device == "cuda":
             torch.cuda.empty_cache()
-    drift = job.drift()
     for row in rows[first:]:
-        row["job_drift"] = drift
-        row["drift_flag"] = bool(abs(drift) > DRIFT_LIMIT)  # NaN (nothing measured) compares False
+        _set_drift(row, drift)
     return rows
+
+
+def _set_drift(row: dict, drift: float) -> None:
+    row["job_drift"] = drift
+    row["drift_flag"] = bool(abs(drift) > DRIFT_LIMIT)  # NaN (nothing measured) compares False

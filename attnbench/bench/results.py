@@ -130,7 +130,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "driver": ("string", "NVIDIA driver version"),
     "sm_clock_start_mhz": ("number", "SM clock at the start of the first round"),
     "sm_clock_end_mhz": ("number", "SM clock at the end of the last round"),
-    "job_drift": ("number", "relative change of the job's reference case time from start to end"),
+    "job_drift": ("number", "relative change of the job's reference case time from its first timing to the end of the "
+                            "job (for a job stopped part-way, to the end of the row's case)"),
     "drift_flag": ("boolean", "|job_drift| over timing.DRIFT_LIMIT (3%): the job's clocks moved; compare its rows with care"),
     "torch_version": ("string", "torch version"),
     "cuda_version": ("string", "CUDA version torch was built with"),

@@ -29,9 +29,10 @@ of the timer chosen in the first round (``method``), the backends of a case in r
 within a round (:mod:`attnbench.bench.microbench`). A row's median is over every sample of its
 rounds; its interval and the paired ratios come from :mod:`attnbench.bench.stats`.
 
-Drift: a job re-times its first measured case at the end; a relative change
+Drift: a job re-times its first measured case after every case; a relative change
 beyond :data:`DRIFT_LIMIT` (3%, the tolerance asked of two independent runs'
-medians) flags the job's rows (``drift_flag``).
+medians) at the job's end flags the job's rows (``drift_flag``); the rows of a job stopped
+part-way carry the change up to their case's end.
 """
 from __future__ import annotations
 

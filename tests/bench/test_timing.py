@@ -114,10 +114,31 @@ def test_drift_re_times_the_first_case_with_the_same_timer_arguments(monkeypatch
     cases = [tiny(mode="decode", seq_q=1, seq_kv=32), tiny()]  # decode prefers graph replay on CUDA
     rows = run_group(cases, ["sdpa-math"], RunOptions(cpu_min_run_time_s=0.01, numerics=False, repeats=2),
                      log=lambda s: None)
-    # two rounds per case, then the drift check re-times the first case with the first case's timer
-    assert [c for c, _, _ in calls] == [cases[0], cases[0], cases[1], cases[1], cases[0]]
-    assert calls[4][:2] == calls[0][:2] and calls[4][2] == calls[1][2] == "torch.utils.benchmark"
+    # two rounds per case, each case followed by the drift check: the first case with the first case's timer
+    assert [c for c, _, _ in calls] == [cases[0], cases[0], cases[0], cases[1], cases[1], cases[0]]
+    assert calls[2][:2] == calls[5][:2] == calls[0][:2] and calls[5][2] == calls[1][2] == "torch.utils.benchmark"
     assert rows[0]["job_drift"] > -1  # a ratio of two CPU timings minus one: finite (its size is load noise here)
+
+
+def test_rows_of_a_job_stopped_part_way_carry_the_drift_up_to_their_case(monkeypatch):
+    def checks(*values):  # what the drift check finds after each case
+        found = iter(values)
+        monkeypatch.setattr(microbench._Job, "drift", lambda self: next(found))
+
+    cases, options = [tiny(), tiny(causal=True)], RunOptions(cpu_min_run_time_s=0.01, numerics=False)
+    rows = []
+
+    def stop_after_the_first_case(text):
+        if "case done" in text:
+            raise KeyboardInterrupt  # the guard stopping the job at the sweep deadline
+
+    checks(0.05)
+    with pytest.raises(KeyboardInterrupt):
+        run_group(cases, ["sdpa-math"], options, log=stop_after_the_first_case, rows=rows)
+    assert len(rows) == 1 and rows[0]["job_drift"] == 0.05 and rows[0]["drift_flag"] is True
+    checks(0.05, 0.01)  # a job that ends: every row carries the drift over the whole job
+    finished = run_group(cases, ["sdpa-math"], options, log=lambda s: None)
+    assert [r["job_drift"] for r in finished] == [0.01, 0.01] and not any(r["drift_flag"] for r in finished)
 
 
 class _Named(_Recording):
