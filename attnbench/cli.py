@@ -50,6 +50,12 @@ def _cmd_plan(args) -> int:
     from attnbench.plan import load_plan
 
     plan = load_plan(args.config, args.device)
+    if args.targets is not None:  # only the paths, one a line: what scripts/lease.sh passes to Snakemake
+        from attnbench.workflow.paths import group_targets
+
+        groups = [plan.group("microbench", name).name for name in args.targets.split(",")]
+        print("\n".join(group_targets(plan.sweep, groups)))
+        return 0
     print(plan.summary())
     for job in plan.jobs():
         print(f"{job.stage}\t{job.name}")
@@ -169,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.add_argument("--device", choices=["cpu", "cuda"], help="plan this device's grid instead of the resolved one")
     p.add_argument("--out-dir", help="write each job's plan file under this folder")
+    p.add_argument("--targets", metavar="GROUP[,GROUP...]",
+                   help="print only the Snakemake targets that run these microbench groups (and record the config)")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("cases", help="print the microbench cases a config expands to")

@@ -71,13 +71,9 @@ for spec in "$@"; do
   config=config/sweeps/$sweep.yaml
   [ -f "$config" ] || { echo "no sweep file $config" >&2; continue; }
   targets=()
-  if [ "$spec" != "$sweep" ]; then
-    IFS=, read -r -a groups <<< "${spec#*:}"
-    for group in "${groups[@]}"; do
-      [[ $group =~ ^[A-Za-z0-9_-]+$ ]] || { echo "bad group '$group' in $spec: letters, digits, - and _ only" >&2; continue 2; }
-      targets+=("results/$sweep/microbench/$group.parquet")
-    done
-    targets+=("results/$sweep/env/config.yaml" "results/$sweep/env/versions.json")  # the run's config and versions
+  if [ "$spec" != "$sweep" ]; then  # the planner checks the group names and names the paths (attnbench plan --targets)
+    listed=$(attnbench plan --config "$config" --targets "${spec#*:}") || { echo "=== $sweep: not started" >&2; continue; }
+    mapfile -t targets <<< "$listed"
   fi
   left=$(( started + BUDGET_S - SNAKEMAKE_MARGIN_S - $(date +%s) ))
   if [ "$left" -lt $(( JOBS_MARGIN_S + PARSE_S )) ]; then  # every job would only write its not-run rows

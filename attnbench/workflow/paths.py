@@ -59,6 +59,13 @@ REPORT_HTML = REPORTS + "/report.html"
 PUBLISHED = RESULTS + "/wandb/published.json"
 
 
+def group_targets(sweep: str, groups: list[str]) -> list[str]:
+    """Snakemake targets that run only these microbench groups of a sweep, and record the run's config and
+    versions beside them (a lease that measures again only the groups still missing; scripts/lease.sh)."""
+    return [MICROBENCH.format(sweep=sweep, group=g) for g in groups] + \
+        [ENV_CONFIG.format(sweep=sweep), VERSIONS.format(sweep=sweep)]
+
+
 def within(results_dir: str | Path, template: str, **wildcards) -> Path:
     """``template`` (one of the names above) inside a given sweep folder instead of ``results/<sweep>``."""
     if not template.startswith(RESULTS + "/"):

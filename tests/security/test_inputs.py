@@ -230,3 +230,18 @@ def test_good_environment_values_are_parsed(monkeypatch, tmp_path):
 ])
 def test_a_bad_command_line_is_one_line(capsys, args, fragment):
     usage_error(args, capsys, fragment)
+
+
+def test_a_lease_target_group_outside_the_sweep_is_one_line_naming_its_groups(config_file, capsys):
+    # scripts/lease.sh passes <sweep>:<groups> here before Snakemake starts: nothing it prints reaches a shell
+    cli_error(["plan", "--config", str(config_file), "--targets", "g,$(touch pwned)"], capsys,
+              "group='$(touch pwned)' is not a microbench group of sweep 'sec' on cpu; allowed: g")
+
+
+def test_lease_targets_are_the_groups_outputs_and_the_runs_config(config_file, capsys):
+    from attnbench.cli import main
+
+    capsys.readouterr()
+    assert main(["plan", "--config", str(config_file), "--targets", "g"]) == 0
+    assert capsys.readouterr().out.split() == [
+        "results/sec/microbench/g.parquet", "results/sec/env/config.yaml", "results/sec/env/versions.json"]
