@@ -1,4 +1,5 @@
-"""The error every config-like mapping raises, and the one check each gets: no key outside the allowed ones.
+"""The error every config-like mapping raises, and the checks each gets: no key outside the allowed ones, and
+a list of names (backends) drawn from the allowed ones.
 
 At the base of the package (beside :mod:`attnbench.case`), so that models, stages and the
 planner raise the same :class:`ConfigError` without importing the config loader.
@@ -19,3 +20,14 @@ def reject_unknown_keys(values: Iterable[str], allowed: Iterable[str], where: st
     unknown = sorted(set(values) - set(allowed))
     if unknown:
         raise error(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+
+
+def check_name_list(names, allowed: Iterable[str], where: str) -> list[str]:
+    """A non-empty list of names from ``allowed`` (a group's backends), or one line naming the first other one."""
+    allowed = list(allowed)
+    if not isinstance(names, list) or not names:
+        raise ConfigError(f"{where} must be a non-empty list; allowed: {', '.join(allowed)}")
+    for name in names:
+        if name not in allowed:
+            raise ConfigError(f"{where}: backend={name!r} is not known; allowed: {', '.join(allowed)}")
+    return list(names)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from attnbench.case import Case, CaseError
 from attnbench.config import NAME_PATTERN_TEXT, deep_merge, load_schema, resolve_device, validate_section
-from attnbench.errors import ConfigError
+from attnbench.errors import ConfigError, check_name_list
 from attnbench.kernels.registry import backend_names
 from attnbench.workloads.grid import GridError, expand_group
 
@@ -65,14 +65,8 @@ def check_name(value, where: str) -> str:
 
 
 def check_backends(names, where: str, known: list[str] | None = None) -> list[str]:
-    """The one backend check: a non-empty list of registered names (a rule backend's name is not one)."""
-    known = backend_names() if known is None else known
-    if not isinstance(names, list) or not names:
-        raise ConfigError(f"{where} must be a non-empty list; allowed: {', '.join(known)}")
-    for name in names:
-        if name not in known:
-            raise ConfigError(f"{where}: backend={name!r} is not known; allowed: {', '.join(known)}")
-    return list(names)
+    """A group's backends: a non-empty list of registered names (a rule backend's name is not one)."""
+    return check_name_list(names, backend_names() if known is None else known, where)
 
 
 def grid_groups(section: dict, where: str, max_cases: int) -> dict[str, Group]:

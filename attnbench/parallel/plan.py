@@ -16,7 +16,7 @@ import hashlib
 import json
 
 from attnbench.case import WORKLOAD_DEFAULTS, Case, CaseError
-from attnbench.errors import ConfigError, reject_unknown_keys
+from attnbench.errors import ConfigError, check_name_list, reject_unknown_keys
 from attnbench.parallel.backends import CP_BACKENDS
 from attnbench.parallel.documents import Documents, DocumentsError, synthetic_lengths
 from attnbench.parallel.sharding import Sharding, ShardingError
@@ -27,15 +27,6 @@ GROUP_EXTRA_KEYS = ("shardings", "documents", "world_sizes")
 DOCUMENT_KEYS = ("lengths", "distribution", "mean", "sigma", "min_len", "seed")
 SETTINGS = ("warmup", "reps", "serial_reps", "numerics", "numerics_max_seq", "threads", "timeout_s",
             "collective_timeout_s")
-
-
-def check_backend_names(names, where: str) -> list[str]:
-    if not isinstance(names, list) or not names:
-        raise ConfigError(f"{where} must be a non-empty list; allowed: {', '.join(CP_BACKENDS)}")
-    for name in names:
-        if name not in CP_BACKENDS:
-            raise ConfigError(f"{where}: backend={name!r} is not known; allowed: {', '.join(CP_BACKENDS)}")
-    return list(names)
 
 
 def documents_for(spec: dict | None, total: int, where: str) -> Documents | None:
@@ -80,7 +71,7 @@ def _group_items(name: str, spec: dict, section: dict, where: str, max_cases: in
         cases, backends = expand_group({k: v for k, v in spec.items() if k not in GROUP_EXTRA_KEYS}, where, max_cases)
     except (GridError, CaseError) as err:
         raise ConfigError(str(err)) from None
-    backends = check_backend_names(backends, f"{where}.backends") if backends is not None else section["backends"]
+    backends = check_name_list(backends, CP_BACKENDS, f"{where}.backends") if backends is not None else section["backends"]
     shardings = spec.get("shardings", section["shardings"])
     if not isinstance(shardings, list) or not shardings or any(s not in ("contiguous", "zigzag", "striped")
                                                              for s in shardings):
@@ -120,7 +111,7 @@ def context_parallel_jobs(section: dict, view: dict) -> list:
     from attnbench.plan import Job, check_name
 
     max_cases = view["max_cases"]
-    check_backend_names(section["backends"], f"{STAGE}.backends")
+    check_name_list(section["backends"], CP_BACKENDS, f"{STAGE}.backends")
     groups = section["groups"]
     if not isinstance(groups, dict) or not groups:
         raise ConfigError(f"{STAGE}.groups must be a non-empty mapping of group name to grid")
