@@ -1,6 +1,5 @@
 """The real-workloads report section from hand-made rows: throughput over real tokens, latency percentiles,
 the coverage table, padding waste, and a figure that always exists."""
-import pandas as pd
 import pytest
 
 from attnbench.bench.microbench import base_row

@@ -161,7 +161,7 @@ def test_gpu_jobs_get_their_own_device_from_slurm_and_no_more_run_than_there_are
 # ----------------------------------------------------------------------------------------------- failures
 
 GRID = {"mode": "fwd", "heads_q": 2, "head_dim": 16, "dtype": "fp32"}
-SLOW = f"results/{{sweep}}/microbench/slow.parquet"
+SLOW = "results/{sweep}/microbench/slow.parquet"
 
 
 def _sweep(workdir: Path, sweep: str, **top) -> str:
