@@ -33,11 +33,12 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import re
 import statistics
 from dataclasses import dataclass
 
 import torch
+
+from attnbench.errors import NAME_PATTERN
 
 MODES = ("fwd", "fwd_bwd", "decode")
 VARIANTS = ("none", "sliding_window", "softcap", "alibi", "document", "prefix_lm")
@@ -49,7 +50,6 @@ CAUSAL_VARIANTS = ("sliding_window", "alibi", "prefix_lm")  # defined on the cau
 # fields added for real workloads; at these defaults they stay out of the case id (dense ids unchanged)
 WORKLOAD_DEFAULTS = {"workload": "fixed", "seq_lens_q": (), "seq_lens_kv": (), "variant": "none", "window": 0,
                      "softcap": 0.0, "doc_len": 0, "prefix_len": 0}
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LAYOUTS = ("mha", "gqa", "mqa", "mla")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

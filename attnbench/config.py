@@ -35,14 +35,13 @@ import torch
 import yaml
 from referencing.jsonschema import DRAFT202012
 
-from attnbench.errors import ConfigError
+from attnbench.errors import NAME_PATTERN, ConfigError
 
 SCHEMA_DIR = files("attnbench") / "schemas"
 SECTIONS = ("stability", "hbm", "pretrain", "context", "triton", "context_parallel", "report")  # schemas/<section>.schema.yaml each
 MAX_CONFIG_BYTES = 1 << 20
 MAX_EXTENDS_DEPTH = 8
 DEFAULT_CONFIG = Path("config") / "config.yaml"
-NAME_PATTERN_TEXT = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # every name that becomes a path or a word (plan.NAME_PATTERN)
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -204,6 +203,12 @@ def _registry() -> referencing.Registry:
 def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     """One line naming the key: ``root`` (the validated value's own key, if any) joined to the error's path."""
     where = ".".join(str(p) for p in [*([root] if root else []), *err.absolute_path]) or "config"
+    if err.validator == "anyOf" and err.context:  # a name or null: what the name must match, or the types allowed
+        specific = [e for e in err.context if e.validator != "type"]
+        if specific:
+            return _schema_message(specific[0], root)
+        types = dict.fromkeys(str(e.validator_value) for e in err.context)
+        return f"{where}={err.instance!r} is not allowed; allowed: {' or '.join(types)}"
     if err.validator == "additionalProperties":
         allowed = ", ".join(err.schema.get("properties", {})) or "none"
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})), key=str)
@@ -211,7 +216,7 @@ def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     if err.validator == "enum":
         return f"{where}={err.instance!r} is not allowed; allowed: {', '.join(map(str, err.validator_value))}"
     if err.validator == "pattern":
-        noun = "name" if err.validator_value == NAME_PATTERN_TEXT else "value"
+        noun = "name" if err.validator_value == NAME_PATTERN.pattern else "value"
         return f"{where}={err.instance!r} is not allowed; allowed: a {noun} matching {err.validator_value}"
     if err.validator == "propertyNames":
         return f"{where}: a name in this mapping is not allowed ({err.message}); allowed: names matching the pattern"

@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench.case import Case, CaseError
-from attnbench.config import NAME_PATTERN_TEXT, deep_merge, load_schema, resolve_device, validate_section
-from attnbench.errors import ConfigError, check_name_list
+from attnbench.config import deep_merge, load_schema, resolve_device, validate_section
+from attnbench.errors import ConfigError, check_name, check_name_list
+from attnbench.jobs import Job
 from attnbench.kernels.registry import backend_names
 from attnbench.workloads.grid import GridError, expand_group
 
 DEVICES = ("cpu", "cuda")
 STAGES = ("microbench", "stability", "hbm", "pretrain", "context", "triton", "context_parallel")  # data-flow order
-NAME_PATTERN = re.compile(NAME_PATTERN_TEXT)  # sweep, group, backend, experiment, run and variant names
 
 
 @dataclass(frozen=True)
@@ -44,25 +43,7 @@ class Group:
     backends: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Job:
-    """One Snakemake job's work: ``plan/<stage>/<name>.json`` holds :attr:`payload`."""
-
-    stage: str
-    name: str
-    payload: dict
-
-    def path(self, plan_dir: str | Path) -> Path:
-        return Path(plan_dir) / self.stage / f"{self.name}.json"
-
-
 # ----------------------------------------------------------------------------------------------- checks
-
-def check_name(value, where: str) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.match(value):
-        raise ConfigError(f"{where}={value!r} is not allowed; allowed: a name matching {NAME_PATTERN.pattern}")
-    return value
-
 
 def check_backends(names, where: str, known: list[str] | None = None) -> list[str]:
     """A group's backends: a non-empty list of registered names (a rule backend's name is not one)."""

@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from attnbench.bench.gpu import current_gpu, open_nvml
+
 
 def _run(cmd: list[str], cwd: str | None = None) -> str:
     try:
@@ -31,38 +33,10 @@ def git_sha() -> str:
     return f"{sha}{'-dirty' if sha and dirty else ''}" or "unknown"
 
 
-def gpu_selector(uuid: str, visible: str | None, index: int) -> str:
-    """How NVML and ``nvidia-smi -i`` name the GPU torch calls ``index``.
-
-    The UUID when torch knows it: CUDA enumerates fastest-first and after
-    ``CUDA_VISIBLE_DEVICES``, NVML in PCI order, so indices need not agree. Else the
-    ``CUDA_VISIBLE_DEVICES`` entry for ``index`` (an index or a UUID), else ``index``.
-    """
-    if uuid:
-        return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-    if visible:
-        entries = [e.strip() for e in visible.split(",") if e.strip()]
-        if index < len(entries):
-            return entries[index]
-    return str(index)
-
-
-def current_gpu() -> str:
-    """NVML's name (UUID or index) of the GPU torch uses."""
-    index = torch.cuda.current_device()
-    try:
-        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
-    except RuntimeError:
-        uuid = ""
-    return gpu_selector(uuid, os.environ.get("CUDA_VISIBLE_DEVICES"), index)
-
-
 def sm_clock_mhz() -> float:
     """Current SM clock of the GPU torch uses, via NVML (or nvidia-smi); NaN where neither answers."""
     if not torch.cuda.is_available():
         return float("nan")
-    from attnbench.bench.telemetry import open_nvml
-
     opened = open_nvml()
     if opened is not None:
         nvml, handle = opened

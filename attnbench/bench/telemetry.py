@@ -45,7 +45,6 @@ Other users of the device, recorded per row (``device_shared``):
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import resource
@@ -54,6 +53,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
+
+from attnbench.bench.gpu import open_nvml
 
 NAN = math.nan
 # Set by `attnbench lease` for the command it runs (attnbench.workflow.lease): "cpu" or "cuda:<id>".
@@ -255,28 +256,6 @@ def own_cpu_seconds() -> float:
 
 
 # ------------------------------------------------------------------------------------------- telemetry
-
-@functools.cache
-def open_nvml():
-    """(pynvml, handle of the GPU torch uses), or None without nvidia-ml-py or a driver; once per process."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    from attnbench.bench.provenance import current_gpu
-
-    try:
-        pynvml.nvmlInit()
-        gpu = current_gpu()
-        if gpu.startswith(("GPU-", "MIG-")):
-            try:
-                return pynvml, pynvml.nvmlDeviceGetHandleByUUID(gpu)
-            except TypeError:  # older nvidia-ml-py takes bytes
-                return pynvml, pynvml.nvmlDeviceGetHandleByUUID(gpu.encode())
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
-    except Exception:  # NVMLError (no driver, no permission) or a selector NVML does not know
-        return None
-
 
 class Telemetry:
     """Readings of one device around timed rounds (:meth:`window`) and its energy counter."""

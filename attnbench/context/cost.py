@@ -19,13 +19,12 @@ import torch
 from attnbench.failures import classify
 from attnbench.bench.provenance import environment, timestamp
 from attnbench.bench.timing import time_callable
+from attnbench.jobs import Job
 from attnbench.models.rope import METHODS, RopeConfig, apply_rope, rope_cos_sin, rope_frequencies
 
 
 def rope_overhead_job(cost_groups: dict, capability: dict, sweep: str, device: str):
     """The RoPE timing job: the cost grid's prefill lengths at its first prefill case's heads and dims."""
-    from attnbench.plan import Job
-
     cases = [c for g in cost_groups.values() for c in g.cases if c.mode != "decode"]
     shape = ({"heads_q": cases[0].heads_q, "heads_kv": cases[0].heads_kv, "head_dim": cases[0].head_dim_qk,
               "dtype": cases[0].dtype, "lengths": sorted({c.seq_q for c in cases})} if cases else None)

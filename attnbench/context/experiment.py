@@ -42,6 +42,7 @@ import torch
 from attnbench.failures import classify
 from attnbench.bench.provenance import environment, timestamp
 from attnbench.errors import ConfigError
+from attnbench.jobs import Job
 from attnbench.context import passkey
 from attnbench.context.perplexity import document_starts, sliding_window_score, truncated_window_score
 from attnbench.kernels.registry import backend_names
@@ -102,8 +103,6 @@ def check_capability(spec: dict, where: str) -> dict:
 def capability_jobs(spec: dict, sweep: str, device: str) -> list:
     """The pretraining job, then one evaluation job per method. The pretraining job's file leaves the
     methods out, so adding a method to a sweep does not pretrain again."""
-    from attnbench.plan import Job
-
     base = {k: v for k, v in spec.items() if k != "methods"}
     jobs = [Job("context", "capability-pretrain", {"stage": "context-pretrain", "sweep": sweep, "device": device,
                                                    "spec": base})]

@@ -16,7 +16,8 @@ import hashlib
 import json
 
 from attnbench.case import WORKLOAD_DEFAULTS, Case, CaseError
-from attnbench.errors import ConfigError, check_name_list, reject_unknown_keys
+from attnbench.errors import ConfigError, check_name, check_name_list, reject_unknown_keys
+from attnbench.jobs import Job
 from attnbench.parallel.backends import CP_BACKENDS
 from attnbench.parallel.documents import Documents, DocumentsError, synthetic_lengths
 from attnbench.parallel.sharding import Sharding, ShardingError
@@ -108,8 +109,6 @@ def context_parallel_jobs(section: dict, view: dict) -> list:
 
     ``view`` is the device view of the config (:func:`attnbench.plan.device_view`): sweep, device,
     seed, max_cases and max_err_ratio come from its top level."""
-    from attnbench.plan import Job, check_name
-
     max_cases = view["max_cases"]
     check_name_list(section["backends"], CP_BACKENDS, f"{STAGE}.backends")
     groups = section["groups"]

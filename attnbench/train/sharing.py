@@ -29,7 +29,7 @@ def _nvml_handle():
     import pynvml
     import torch
 
-    from attnbench.bench.provenance import gpu_selector
+    from attnbench.bench.gpu import gpu_selector
 
     pynvml.nvmlInit()
     index = torch.cuda.current_device()

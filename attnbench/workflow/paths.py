@@ -3,7 +3,7 @@
 Each name is a template relative to the working directory, formatted with the sweep name and, where it
 has them, the job's wildcards; a rule fills its wildcards by passing ``"{group}"`` through. Everything
 a sweep writes is under ``results/<sweep>/`` and ``reports/<sweep>/``; sweep and group names match
-:data:`attnbench.plan.NAME_PATTERN`, so no template can leave those folders.
+:data:`attnbench.errors.NAME_PATTERN`, so no template can leave those folders.
 """
 from __future__ import annotations
 

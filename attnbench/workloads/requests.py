@@ -91,7 +91,7 @@ def shipped_trace(name: str) -> Requests:
 
 def csv_trace(path: str) -> Requests:
     """A user's trace file: an existing ``.csv`` under :data:`MAX_CSV_BYTES`, named by its file stem."""
-    from attnbench.case import NAME_PATTERN
+    from attnbench.errors import NAME_PATTERN
 
     file = Path(path)
     if file.suffix != ".csv":

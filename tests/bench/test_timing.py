@@ -7,7 +7,7 @@ import torch
 from attnbench.bench import microbench, timing
 from attnbench.case import Case
 from attnbench.bench.microbench import RunOptions, run_group
-from attnbench.bench.provenance import gpu_selector
+from attnbench.bench.gpu import gpu_selector
 from attnbench.bench.results import to_frame
 from attnbench.bench.timing import Timing, time_callable, wants_graph
 from attnbench.kernels import registry

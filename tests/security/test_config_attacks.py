@@ -8,7 +8,7 @@ import pytest
 
 from attnbench import config as configs
 from attnbench.errors import ConfigError
-from attnbench.plan import NAME_PATTERN
+from attnbench.errors import NAME_PATTERN
 from attnbench.workflow import paths
 
 from .conftest import CONFIG, plan_of, refused, with_
@@ -117,6 +117,31 @@ def test_a_rule_backend_name_with_shell_words_is_refused():
                                         ("report.wandb.tags", ["x" * 65])])
 def test_wandb_names_and_tags_outside_wandbs_rules_are_refused(key, value):
     refused(with_(key, value), key.split(".")[-1])
+
+
+@pytest.mark.parametrize("key, value", [
+    ("report.wandb.entity", "team name"), ("slurm.partition", "gpu;id"), ("slurm.account", "../x"),
+    ("stability.groups", ["g", "a b"]), ("triton.groups", ["$(id)"]),
+])
+def test_every_section_refuses_a_bad_name_with_the_one_pattern(key, value):
+    # a name or null (entity, partition, account) names the pattern, not "not valid under any of the given schemas"
+    shown = f"{value[-1]!r}" if isinstance(value, list) else f"{value!r}"
+    refused(with_(key, value), f"={shown} is not allowed; allowed: a name matching {NAME_PATTERN.pattern}")
+
+
+def test_a_value_of_no_allowed_type_names_the_types():
+    refused(with_("slurm.partition", 3), "slurm.partition=3 is not allowed; allowed: string or null")
+
+
+def test_the_schemas_hold_the_name_pattern_once_and_it_is_the_pythons():
+    from importlib.resources import files
+
+    from attnbench.config import load_schema
+
+    texts = {p.name: p.read_text() for p in (files("attnbench") / "schemas").iterdir() if p.name.endswith(".yaml")}
+    holders = {name: text.count(NAME_PATTERN.pattern) for name, text in texts.items() if NAME_PATTERN.pattern in text}
+    assert holders == {"config.schema.yaml": 1}  # every other place refers to config.schema.yaml#/$defs/name
+    assert load_schema()["$defs"]["name"]["pattern"] == NAME_PATTERN.pattern
 
 
 def test_an_ncu_metric_that_would_split_the_metrics_list_is_refused():

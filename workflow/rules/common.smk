@@ -12,7 +12,8 @@ from snakemake.utils import min_version
 from attnbench import config as attnbench_config
 from attnbench.envvars import check_environment
 from attnbench.errors import ConfigError
-from attnbench.plan import NAME_PATTERN, build_plan
+from attnbench.errors import NAME_PATTERN
+from attnbench.plan import build_plan
 from attnbench.report.stages import STAGE_REPORTS, declared_outputs, index_labels, stability_part
 from attnbench.workflow import paths, resources, resume
 from snakemake.exceptions import WorkflowError
