@@ -2,13 +2,13 @@
 
 Below :mod:`attnbench.bench.provenance` (the rows' ``gpu`` column, the SM clock) and
 :mod:`attnbench.bench.telemetry` (the sampling thread), which both ask NVML about the same device.
+torch is imported only when a GPU is asked about: ``attnbench lease``, which wraps every job, imports
+the telemetry module for its one variable and must start without it.
 """
 from __future__ import annotations
 
 import functools
 import os
-
-import torch
 
 
 def gpu_selector(uuid: str, visible: str | None, index: int) -> str:
@@ -29,6 +29,8 @@ def gpu_selector(uuid: str, visible: str | None, index: int) -> str:
 
 def current_gpu() -> str:
     """NVML's name (UUID or index) of the GPU torch uses."""
+    import torch
+
     index = torch.cuda.current_device()
     try:
         uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
@@ -37,21 +39,25 @@ def current_gpu() -> str:
     return gpu_selector(uuid, os.environ.get("CUDA_VISIBLE_DEVICES"), index)
 
 
+def nvml_handle():
+    """(pynvml, NVML's handle of the GPU torch uses); raises ImportError without nvidia-ml-py, NVMLError
+    without a driver or permission, and ValueError for a selector NVML does not know."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    gpu = current_gpu()
+    if gpu.startswith(("GPU-", "MIG-")):
+        try:
+            return pynvml, pynvml.nvmlDeviceGetHandleByUUID(gpu)
+        except TypeError:  # older nvidia-ml-py takes bytes
+            return pynvml, pynvml.nvmlDeviceGetHandleByUUID(gpu.encode())
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
+
+
 @functools.cache
 def open_nvml():
-    """(pynvml, handle of the GPU torch uses), or None without nvidia-ml-py or a driver; once per process."""
+    """:func:`nvml_handle`, or None where NVML cannot answer; once per process."""
     try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        gpu = current_gpu()
-        if gpu.startswith(("GPU-", "MIG-")):
-            try:
-                return pynvml, pynvml.nvmlDeviceGetHandleByUUID(gpu)
-            except TypeError:  # older nvidia-ml-py takes bytes
-                return pynvml, pynvml.nvmlDeviceGetHandleByUUID(gpu.encode())
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
-    except Exception:  # NVMLError (no driver, no permission) or a selector NVML does not know
+        return nvml_handle()
+    except Exception:  # ImportError, NVMLError (no driver, no permission) or a selector NVML does not know
         return None

@@ -19,25 +19,10 @@ from __future__ import annotations
 
 import os
 
+from attnbench.bench.gpu import nvml_handle
 from attnbench.failures import first_line
 
 from attnbench.bench.telemetry import LEASE_ENV  # noqa: E402  (the lease's one variable)
-
-
-def _nvml_handle():
-    """NVML's handle of the GPU torch uses, the way :mod:`attnbench.bench.provenance` names it."""
-    import pynvml
-    import torch
-
-    from attnbench.bench.gpu import gpu_selector
-
-    pynvml.nvmlInit()
-    index = torch.cuda.current_device()
-    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
-    gpu = gpu_selector(uuid, os.environ.get("CUDA_VISIBLE_DEVICES"), index)
-    if gpu.startswith(("GPU-", "MIG-")):
-        return pynvml.nvmlDeviceGetHandleByUUID(gpu)
-    return pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
 
 
 class GpuSharing:
@@ -50,7 +35,7 @@ class GpuSharing:
             self.why = f"unchecked: a {device} run"
             return
         try:
-            self.handle = _nvml_handle()
+            _, self.handle = nvml_handle()
         except Exception as err:  # no nvidia-ml-py, no driver access
             self.why = f"unchecked: NVML unavailable ({first_line(err)})"
 

@@ -12,7 +12,7 @@ def _fake_nvml(monkeypatch, samples):
     module = types.SimpleNamespace(nvmlDeviceGetComputeRunningProcesses=lambda handle: [
         types.SimpleNamespace(pid=pid) for pid in next(calls)])
     monkeypatch.setitem(sys.modules, "pynvml", module)
-    monkeypatch.setattr(sharing, "_nvml_handle", lambda: "gpu-handle")
+    monkeypatch.setattr(sharing, "nvml_handle", lambda: (module, "gpu-handle"))
 
 
 def test_a_run_alone_on_its_leased_gpu(monkeypatch):
@@ -47,7 +47,7 @@ def test_unchecked_on_a_cpu_and_without_nvml(monkeypatch):
     def broken():
         raise RuntimeError("NVML Shared Library Not Found")
 
-    monkeypatch.setattr(sharing, "_nvml_handle", broken)
+    monkeypatch.setattr(sharing, "nvml_handle", broken)
     s = sharing.GpuSharing("cuda")
     s.sample()
     assert s.summary()["gpu_sharing"] == "unchecked: NVML unavailable (RuntimeError: NVML Shared Library Not Found)"

@@ -112,3 +112,12 @@ def test_a_slurm_job_without_gpus_is_told_how_to_ask(monkeypatch):
     with pytest.raises(RuntimeError, match="SLURM job 11 was given none; ask for them in the rule's resources"):
         with lease.gpu_lease():
             pass
+
+
+def test_the_lease_command_starts_without_importing_torch():
+    # `attnbench lease` wraps every timing job: torch (seconds to import) is for the job, not for its wrapper
+    import subprocess
+
+    code = "import sys, attnbench.cli, attnbench.workflow.lease; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "False", out.stderr
