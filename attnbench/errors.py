@@ -1,5 +1,5 @@
 """The error every config-like mapping raises, the one pattern every name matches, and the checks each
-mapping gets: no key outside the allowed ones, names that match the pattern, and a list of names (backends)
+mapping gets: no key outside the allowed ones, names that match the pattern, and a list of backend names
 drawn from the allowed ones.
 
 At the base of the package (beside :mod:`attnbench.case`), so that models, stages and the
@@ -11,7 +11,8 @@ import re
 from typing import Iterable
 
 # every name that becomes a path component, a wildcard or a word on a command line (docs/security.md,
-# "Names: one pattern"); the schemas' config.schema.yaml#/$defs/name holds the same (tests/test_plan.py)
+# "Names: one pattern"); the schemas' config.schema.yaml#/$defs/name holds the same
+# (tests/security/test_config_attacks.py)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -35,8 +36,8 @@ def check_name(value, where: str) -> str:
     return value
 
 
-def check_name_list(names, allowed: Iterable[str], where: str) -> list[str]:
-    """A non-empty list of names from ``allowed`` (a group's backends), or one line naming the first other one."""
+def check_backend_names(names, allowed: Iterable[str], where: str) -> list[str]:
+    """A group's backends: a non-empty list of names from ``allowed``, or one line naming the first other one."""
     allowed = list(allowed)
     if not isinstance(names, list) or not names:
         raise ConfigError(f"{where} must be a non-empty list; allowed: {', '.join(allowed)}")

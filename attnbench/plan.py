@@ -25,7 +25,7 @@ from pathlib import Path
 
 from attnbench.case import Case, CaseError
 from attnbench.config import deep_merge, load_schema, resolve_device, validate_section
-from attnbench.errors import ConfigError, check_name, check_name_list
+from attnbench.errors import ConfigError, check_backend_names, check_name
 from attnbench.jobs import Job
 from attnbench.kernels.registry import backend_names
 from attnbench.workloads.grid import GridError, expand_group
@@ -47,7 +47,7 @@ class Group:
 
 def check_backends(names, where: str, known: list[str] | None = None) -> list[str]:
     """A group's backends: a non-empty list of registered names (a rule backend's name is not one)."""
-    return check_name_list(names, backend_names() if known is None else known, where)
+    return check_backend_names(names, backend_names() if known is None else known, where)
 
 
 def grid_groups(section: dict, where: str, max_cases: int) -> dict[str, Group]:

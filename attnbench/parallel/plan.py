@@ -16,7 +16,7 @@ import hashlib
 import json
 
 from attnbench.case import WORKLOAD_DEFAULTS, Case, CaseError
-from attnbench.errors import ConfigError, check_name, check_name_list, reject_unknown_keys
+from attnbench.errors import ConfigError, check_backend_names, check_name, reject_unknown_keys
 from attnbench.jobs import Job
 from attnbench.parallel.backends import CP_BACKENDS
 from attnbench.parallel.documents import Documents, DocumentsError, synthetic_lengths
@@ -72,7 +72,7 @@ def _group_items(name: str, spec: dict, section: dict, where: str, max_cases: in
         cases, backends = expand_group({k: v for k, v in spec.items() if k not in GROUP_EXTRA_KEYS}, where, max_cases)
     except (GridError, CaseError) as err:
         raise ConfigError(str(err)) from None
-    backends = check_name_list(backends, CP_BACKENDS, f"{where}.backends") if backends is not None else section["backends"]
+    backends = check_backend_names(backends, CP_BACKENDS, f"{where}.backends") if backends is not None else section["backends"]
     shardings = spec.get("shardings", section["shardings"])
     if not isinstance(shardings, list) or not shardings or any(s not in ("contiguous", "zigzag", "striped")
                                                              for s in shardings):
@@ -110,7 +110,7 @@ def context_parallel_jobs(section: dict, view: dict) -> list:
     ``view`` is the device view of the config (:func:`attnbench.plan.device_view`): sweep, device,
     seed, max_cases and max_err_ratio come from its top level."""
     max_cases = view["max_cases"]
-    check_name_list(section["backends"], CP_BACKENDS, f"{STAGE}.backends")
+    check_backend_names(section["backends"], CP_BACKENDS, f"{STAGE}.backends")
     groups = section["groups"]
     if not isinstance(groups, dict) or not groups:
         raise ConfigError(f"{STAGE}.groups must be a non-empty mapping of group name to grid")

@@ -7,8 +7,7 @@ import time
 import pytest
 
 from attnbench import config as configs
-from attnbench.errors import ConfigError
-from attnbench.errors import NAME_PATTERN
+from attnbench.errors import NAME_PATTERN, ConfigError
 from attnbench.workflow import paths
 
 from .conftest import CONFIG, plan_of, refused, with_

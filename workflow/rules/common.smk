@@ -11,8 +11,7 @@ from snakemake.utils import min_version
 
 from attnbench import config as attnbench_config
 from attnbench.envvars import check_environment
-from attnbench.errors import ConfigError
-from attnbench.errors import NAME_PATTERN
+from attnbench.errors import NAME_PATTERN, ConfigError
 from attnbench.plan import build_plan
 from attnbench.report.stages import STAGE_REPORTS, declared_outputs, index_labels, stability_part
 from attnbench.workflow import paths, resources, resume
