@@ -4,7 +4,8 @@
 #   OUT=<dir> BUDGET_S=<seconds> bash scripts/lease.sh <sweep>[:<group>,...] [<sweep>[:<group>,...] ...]
 #   (from the repository root)
 #
-# Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job and the report);
+# Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job, and the report
+# where nbconvert is installed: without it the report is left to `attnbench render` on the machine that commits);
 # <sweep>:<group>,<group> runs only those microbench groups (results/<sweep>/microbench/<group>.parquet), for a
 # cold machine that should not measure again the groups an earlier lease already brought back. The lease is a host without network whose calls are cut after
 # a few minutes: this wrapper only does what the pipeline cannot do for itself.
@@ -14,7 +15,8 @@
 #   3. sets the deadline the guard honours (ATTNBENCH_DEADLINE): jobs that would start after it become rows
 #      that say so, and a job still running then is stopped and keeps its finished rows;
 #   4. runs `snakemake --configfile config/sweeps/<sweep>.yaml`; a cut call leaves a sweep that the next call
-#      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete);
+#      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete), and that a cold
+#      machine resumes from the pack of step 5, carried as .gpu-wheels/<sweep>.tar.gz and unpacked first;
 #   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz;
 #   6. packs FlashInfer's JIT cache as $OUT/flashinfer-cache.tar.gz (when it fits what a call brings back): carried
 #      in the next cold machine's call as .gpu-wheels/flashinfer-cache.tar.gz, it is unpacked before the sweeps, so
@@ -66,10 +68,18 @@ pack() {  # 5. what the sweep made (this call's log beside it; the latest Snakem
   git status --porcelain --untracked-files=no 2>/dev/null | head -5; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 
+omit=()  # the report needs nbconvert, which the GPU image lacks unless a bundle brought it
+python3 -c "import nbconvert" 2>/dev/null || { omit=(--omit-from report); echo "no nbconvert: the report is rendered where the rows are committed"; }
+
 for spec in "$@"; do
   sweep=${spec%%:*}
   config=config/sweeps/$sweep.yaml
-  [ -f "$config" ] || { echo "no sweep file $config" >&2; continue; }
+  [[ $sweep =~ ^[A-Za-z0-9][A-Za-z0-9_-]*$ && -f $config ]] || { echo "no sweep file $config (config/sweeps/<name>.yaml)" >&2; continue; }
+  # a cold machine resumes what an earlier call packed: Snakemake sees its finished jobs (mtimes kept by tar)
+  # as done, and the parse reopens its stopped ones; only the results folder is taken from the archive
+  if [ -f ".gpu-wheels/$sweep.tar.gz" ] && [ ! -d "results/$sweep" ]; then
+    tar -xzf ".gpu-wheels/$sweep.tar.gz" "results/$sweep" && echo "=== $sweep: resumed from .gpu-wheels/$sweep.tar.gz"
+  fi
   targets=()
   if [ "$spec" != "$sweep" ]; then  # the planner checks the group names and names the paths (attnbench plan --targets)
     listed=$(attnbench plan --config "$config" --targets "${spec#*:}") || { echo "=== $sweep: not started" >&2; continue; }
@@ -87,7 +97,7 @@ for spec in "$@"; do
   # 4. the sweep (a stale lock from a cut call is released first; incomplete outputs are rerun)
   snakemake --configfile "$config" --unlock >/dev/null 2>&1
   timeout --signal=INT --kill-after=20 "$left" \
-    snakemake --configfile "$config" --cores all --rerun-incomplete "${targets[@]}" > "$OUT/$sweep-snakemake.log" 2>&1
+    snakemake --configfile "$config" --cores all --rerun-incomplete "${omit[@]}" "${targets[@]}" > "$OUT/$sweep-snakemake.log" 2>&1
   echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
   grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8
   pack "$sweep"

@@ -130,6 +130,33 @@ def test_a_job_stopped_at_the_sweep_deadline_runs_again_in_the_next_sweep(run, t
 
 
 @needs_snakemake
+def test_a_stopped_sweep_packed_on_one_machine_resumes_on_a_fresh_one(run, tmp_path):
+    """A cold GPU machine gets back what an earlier lease packed (scripts/lease.sh: `tar` of the results
+    folder, mtimes kept) in a fresh checkout, without Snakemake's own records (.snakemake/): the parse
+    reopens the stopped job, and Snakemake plans that job and what depends on it, no finished job again."""
+    first = tmp_path / "first"
+    shutil.copytree(run[0], first, symlinks=True)
+    results = Path("results") / "e2e"
+    (first / results / "microbench" / "tiny.parquet").unlink()
+    cut = subprocess.run(["attnbench", "guard", "--job", str(results / "plan" / "microbench" / "tiny.json"),
+                          "--out", str(results / "microbench" / "tiny.parquet"), "--", "false"], cwd=first,
+                         capture_output=True, text=True, env={**os.environ, "ATTNBENCH_DEADLINE": "1"})
+    assert cut.returncode == 0, cut.stderr
+    packed = tmp_path / "e2e.tar.gz"
+    subprocess.run(["tar", "-czf", str(packed), str(results)], cwd=first, check=True)
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "config.yaml").write_text(yaml.safe_dump(CONFIG))  # the fresh checkout: newer than every row
+    subprocess.run(["tar", "-xzf", str(packed), str(results)], cwd=second, check=True)
+    dry = snakemake(second, "-n", "--configfile", "config.yaml")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    log = dry.stdout + dry.stderr
+    assert "tiny.parquet was interrupted" in log
+    planned = set(re.findall(r"^(?:local)?rule (\S+):$", log, flags=re.M))
+    assert planned == {"microbench", "aggregate", "microbench_tables", "report", "all"}, planned
+
+
+@needs_snakemake
 def test_snakemake_report_has_captions_and_categories(run):
     workdir, _ = run
     proc = snakemake(workdir, "report", "--report", "snakemake-report.html", "--configfile", "config.yaml")
