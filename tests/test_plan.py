@@ -1,5 +1,4 @@
 """The planner and the config loader: one-line errors before any work, extends chains, jobs as data."""
-import copy
 import json
 import os
 from pathlib import Path
@@ -12,6 +11,7 @@ from attnbench import plan as planner
 from attnbench.bench.schema import results_schema_text
 from attnbench.errors import ConfigError
 from attnbench.kernels.registry import backend_names
+from tests.helpers import with_key
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {
@@ -31,13 +31,7 @@ RULE_FILES = [p.stem for p in (REPO / "workflow" / "rules" / "backends").glob("*
 
 
 def _with(path: str, value, base=CONFIG):
-    config = copy.deepcopy(base)
-    *parents, last = path.split(".")
-    node = config
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[last] = value
-    return config
+    return with_key(base, path, value)
 
 
 def _plan(config, device=None):

@@ -1,6 +1,5 @@
 """Shared pieces of the attack catalogue (docs/security.md): a tiny sweep, a ceilings file, and the
 assertions every attack ends in: a one-line error, a refused effect, or the data kept."""
-import copy
 import json
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from attnbench import config as configs
 from attnbench import plan as planner
 from attnbench.cli import main
 from attnbench.errors import ConfigError
+from tests.helpers import with_key
 
 REPO = Path(__file__).resolve().parents[2]
 RULE_FILES = [p.stem for p in (REPO / "workflow" / "rules" / "backends").glob("*.smk")]
@@ -31,14 +31,8 @@ CEILINGS = {"device": "cpu", "device_name": "test CPU", "copy_bytes_per_s": 1e10
 
 
 def with_(path: str, value, base=CONFIG) -> dict:
-    """``base`` with the dotted key ``path`` set to ``value`` (intermediate mappings created)."""
-    config = copy.deepcopy(base)
-    *parents, last = path.split(".")
-    node = config
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[last] = value
-    return config
+    """``base`` (the tiny sweep by default) with the dotted key ``path`` set to ``value``."""
+    return with_key(base, path, value)
 
 
 def plan_of(config: dict):
