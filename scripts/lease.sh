@@ -6,9 +6,10 @@
 #
 # Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job, and the report
 # where nbconvert is installed: without it the report is left to `attnbench render` on the machine that commits);
-# <sweep>:<group>,<group> runs only those microbench groups (results/<sweep>/microbench/<group>.parquet), for a
-# cold machine that should not measure again the groups an earlier lease already brought back. The lease is a host without network whose calls are cut after
-# a few minutes: this wrapper only does what the pipeline cannot do for itself.
+# <sweep>:<group>,<group> runs only those microbench groups (results/<sweep>/microbench/<group>.parquet), the first
+# named first, for a cold machine that should not measure again the groups an earlier lease already brought back.
+# The lease is a host without network whose calls are cut after a few minutes: this wrapper only does what the
+# pipeline cannot do for itself.
 #   1. installs the wheel bundles carried in .gpu-wheels/ (../shared/tools/gpu-wheels; docs/reference-runs.md),
 #      and puts an `attnbench` command on PATH where the package is not installed;
 #   2. records the GPU (nvidia-smi) beside the results;
@@ -80,10 +81,11 @@ for spec in "$@"; do
   if [ -f ".gpu-wheels/$sweep.tar.gz" ] && [ ! -d "results/$sweep" ]; then
     tar -xzf ".gpu-wheels/$sweep.tar.gz" "results/$sweep" && echo "=== $sweep: resumed from .gpu-wheels/$sweep.tar.gz"
   fi
-  targets=()
+  targets=(); first=()
   if [ "$spec" != "$sweep" ]; then  # the planner checks the group names and names the paths (attnbench plan --targets)
     listed=$(attnbench plan --config "$config" --targets "${spec#*:}") || { echo "=== $sweep: not started" >&2; continue; }
     mapfile -t targets <<< "$listed"
+    first=(--prioritize "${targets[0]}")  # the first named group runs first; Snakemake orders the rest
   fi
   left=$(( started + BUDGET_S - SNAKEMAKE_MARGIN_S - $(date +%s) ))
   if [ "$left" -lt $(( JOBS_MARGIN_S + PARSE_S )) ]; then  # every job would only write its not-run rows
@@ -97,7 +99,8 @@ for spec in "$@"; do
   # 4. the sweep (a stale lock from a cut call is released first; incomplete outputs are rerun)
   snakemake --configfile "$config" --unlock >/dev/null 2>&1
   timeout --signal=INT --kill-after=20 "$left" \
-    snakemake --configfile "$config" --cores all --rerun-incomplete "${omit[@]}" "${targets[@]}" > "$OUT/$sweep-snakemake.log" 2>&1
+    snakemake "${targets[@]}" --configfile "$config" --cores all --rerun-incomplete "${omit[@]}" "${first[@]}" \
+    > "$OUT/$sweep-snakemake.log" 2>&1  # the targets first: --configfile, --omit-from and --prioritize take every word after them
   echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
   grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8
   pack "$sweep"
