@@ -106,27 +106,39 @@ def test_sweep_writes_results_tables_figures_and_report(run):
     assert json.loads((results / "plan" / "microbench" / "tiny.json").read_text())["backends"] == BACKENDS
 
 
-@needs_snakemake
-def test_a_job_stopped_at_the_sweep_deadline_runs_again_in_the_next_sweep(run, tmp_path):
-    """What a cut GPU call leaves (deadline rows and a retry marker, the stage's tables and report already
-    written) is measured by the next plain `snakemake`: the parse reopens the job and the default target
-    reruns it, although everything downstream of it exists."""
-    workdir = tmp_path / "sweep"
+def _cut_at_the_deadline(run, workdir: Path) -> Path:
+    """A copy of the sweep in ``workdir`` as a cut GPU call leaves it: its microbench job ran again after the
+    deadline had passed (deadline rows and a retry marker; the stage's tables and report already written).
+    Returns the copy's results folder."""
     shutil.copytree(run[0], workdir, symlinks=True)
     results = workdir / "results" / "e2e"
-    (results / "microbench" / "tiny.parquet").unlink()  # the job, run again after the deadline had passed
+    (results / "microbench" / "tiny.parquet").unlink()
     cut = subprocess.run(["attnbench", "guard", "--job", str(results / "plan" / "microbench" / "tiny.json"),
                           "--out", str(results / "microbench" / "tiny.parquet"), "--", "false"], cwd=workdir,
                          capture_output=True, text=True, env={**os.environ, "ATTNBENCH_DEADLINE": "1"})
     assert cut.returncode == 0, cut.stderr
-    assert pd.read_parquet(results / "microbench" / "tiny.parquet")["reason"].str.startswith(
-        "not run: the sweep deadline").all()
+    return results
+
+
+def _dry_run(workdir: Path) -> tuple[str, set[str]]:
+    """What the next plain `snakemake` in ``workdir`` would do: its log, and the rules it plans."""
     dry = snakemake(workdir, "-n", "--configfile", "config.yaml")
     assert dry.returncode == 0, dry.stderr[-3000:]
     log = dry.stdout + dry.stderr
+    return log, set(re.findall(r"^(?:local)?rule (\S+):$", log, flags=re.M))
+
+
+@needs_snakemake
+def test_a_job_stopped_at_the_sweep_deadline_runs_again_in_the_next_sweep(run, tmp_path):
+    """What a cut GPU call leaves is measured by the next plain `snakemake`: the parse reopens the job and
+    the default target reruns it, although everything downstream of it exists."""
+    workdir = tmp_path / "sweep"
+    results = _cut_at_the_deadline(run, workdir)
+    assert pd.read_parquet(results / "microbench" / "tiny.parquet")["reason"].str.startswith(
+        "not run: the sweep deadline").all()
+    log, planned = _dry_run(workdir)
     assert "tiny.parquet was interrupted" in log and not (results / "microbench" / "tiny.parquet").exists()
-    planned = re.findall(r"^(?:local)?rule (\S+):$", log, flags=re.M)
-    assert {"microbench", "aggregate", "microbench_tables", "report"} <= set(planned), planned
+    assert {"microbench", "aggregate", "microbench_tables", "report"} <= planned, planned
 
 
 @needs_snakemake
@@ -135,24 +147,16 @@ def test_a_stopped_sweep_packed_on_one_machine_resumes_on_a_fresh_one(run, tmp_p
     folder, mtimes kept) in a fresh checkout, without Snakemake's own records (.snakemake/): the parse
     reopens the stopped job, and Snakemake plans that job and what depends on it, no finished job again."""
     first = tmp_path / "first"
-    shutil.copytree(run[0], first, symlinks=True)
+    _cut_at_the_deadline(run, first)
     results = Path("results") / "e2e"
-    (first / results / "microbench" / "tiny.parquet").unlink()
-    cut = subprocess.run(["attnbench", "guard", "--job", str(results / "plan" / "microbench" / "tiny.json"),
-                          "--out", str(results / "microbench" / "tiny.parquet"), "--", "false"], cwd=first,
-                         capture_output=True, text=True, env={**os.environ, "ATTNBENCH_DEADLINE": "1"})
-    assert cut.returncode == 0, cut.stderr
     packed = tmp_path / "e2e.tar.gz"
     subprocess.run(["tar", "-czf", str(packed), str(results)], cwd=first, check=True)
     second = tmp_path / "second"
     second.mkdir()
     (second / "config.yaml").write_text(yaml.safe_dump(CONFIG))  # the fresh checkout: newer than every row
     subprocess.run(["tar", "-xzf", str(packed), str(results)], cwd=second, check=True)
-    dry = snakemake(second, "-n", "--configfile", "config.yaml")
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    log = dry.stdout + dry.stderr
+    log, planned = _dry_run(second)
     assert "tiny.parquet was interrupted" in log
-    planned = set(re.findall(r"^(?:local)?rule (\S+):$", log, flags=re.M))
     assert planned == {"microbench", "aggregate", "microbench_tables", "report", "all"}, planned
 
 
