@@ -1,7 +1,7 @@
 """Assemble a sweep folder from the committed reference rows, so that the report renders from them.
 
 ``results/reference/h200/`` holds the sweep folders of reference runs through the pipeline (``paper/``,
-``stability/``, ``backends/``, ``workloads/``) beside rows that time-boxed GPU runs wrote before it ran every stage, in
+``stability/``, ``backends/``, ``workloads/``, ``core/``) beside rows that time-boxed GPU runs wrote before it ran every stage, in
 their own file layout (``hbm/``, ``pretrain/``, ``context/``; docs/reference-runs.md). :func:`assemble`
 copies (and, where a file held several stages' parts, splits) them into the layout of ``results/<sweep>/``
 (:mod:`attnbench.workflow.paths`) and writes every stage's tables, figures and index with the same
@@ -13,6 +13,8 @@ code the rules run; then ``attnbench render`` renders the report::
     attnbench render --results results/reference-h200-backends --out reports/reference/h200/backends/report.html
     attnbench reference workloads --out results/reference-h200-workloads
     attnbench render --results results/reference-h200-workloads --out reports/reference/h200/workloads/report.html
+    attnbench reference core --out results/reference-h200-core
+    attnbench render --results results/reference-h200-core --out reports/reference/h200/core/report.html
 
 Reports
   sweep      the paper sweep's microbench rows (paper/), the stability passes (stability/), hbm and its
@@ -20,6 +22,7 @@ Reports
   backends   the FA3-README-style backend grid (backends/): fa4, cuDNN, FlashInfer, fa2/fa3 unavailable
   workloads  the real-workload sweep (workloads/): trace-driven ragged and chunked prefill, paged decode,
              attention variants
+  core       the harness-core grid (core/): prefill and decode for the SDPA backends, eager, math, flex
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from attnbench.report import stages
 from attnbench.workflow import paths
 
 # each reference report and the sweep folder it starts from (a folder that a reference run wrote)
-SWEEP_FOLDERS = {"sweep": "paper", "backends": "backends", "workloads": "workloads"}
+SWEEP_FOLDERS = {"sweep": "paper", "backends": "backends", "workloads": "workloads", "core": "core"}
 REPORTS = tuple(SWEEP_FOLDERS)
 # scripts/h200_pretrain.sh wrote the divergence experiment's two extra frames into one file (column table)
 DIVERGENCE_TABLES = {"weight_divergence": "divergence.parquet", "numerics_vs_fp64": "numerics.parquet"}

@@ -19,13 +19,14 @@ REPORTS = REPO / "reports" / "reference" / "h200"
 # committed table folder -> (reference report, stage folder whose tables it holds)
 COMMITTED = {REPORTS / "tables": ("sweep", "microbench"), REPORTS / "pretrain" / "tables": ("sweep", "pretrain"),
              REPORTS / "backends" / "tables": ("backends", "microbench"),
-             REPORTS / "workloads" / "tables": ("workloads", "microbench")}
+             REPORTS / "workloads" / "tables": ("workloads", "microbench"),
+             REPORTS / "core" / "tables": ("core", "microbench")}
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference")
-    return {name: assemble(name, ROWS, root / name) for name in ("sweep", "backends", "workloads")}
+    return {name: assemble(name, ROWS, root / name) for name in ("sweep", "backends", "workloads", "core")}
 
 
 @pytest.mark.parametrize("committed", list(COMMITTED), ids=lambda p: str(p.relative_to(REPORTS)))
