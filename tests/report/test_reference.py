@@ -10,6 +10,7 @@ import pytest
 
 from attnbench.report.artifacts import read_index
 from attnbench.report.notebook import section_sources
+from attnbench.report import reference
 from attnbench.report.reference import assemble
 from attnbench.report.stages import SECTIONS
 
@@ -26,7 +27,7 @@ COMMITTED = {REPORTS / "tables": ("sweep", "microbench"), REPORTS / "pretrain" /
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference")
-    return {name: assemble(name, ROWS, root / name) for name in ("sweep", "backends", "workloads", "core")}
+    return {name: assemble(name, ROWS, root / name) for name in reference.REPORTS}
 
 
 @pytest.mark.parametrize("committed", list(COMMITTED), ids=lambda p: str(p.relative_to(REPORTS)))
