@@ -1,7 +1,7 @@
 """Assemble a sweep folder from the committed reference rows, so that the report renders from them.
 
 ``results/reference/h200/`` holds the sweep folders of reference runs through the pipeline (``paper/``,
-``stability/``, ``backends/``, ``workloads/``, ``core/``, and the hbm stage of ``h200-hbm`` in ``hbm/``) beside rows
+``stability/``, ``backends/``, ``workloads/``, ``core/``, ``triton/``, and the hbm stage of ``h200-hbm`` in ``hbm/``) beside rows
 that time-boxed GPU runs wrote before it ran every stage, in their own file layout (``pretrain/``, ``context/``;
 docs/reference-runs.md). :func:`assemble`
 copies (and, where a file held several stages' parts, splits) them into the layout of ``results/<sweep>/``
@@ -16,6 +16,8 @@ code the rules run; then ``attnbench render`` renders the report::
     attnbench render --results results/reference-h200-workloads --out reports/reference/h200/workloads/report.html
     attnbench reference core --out results/reference-h200-core
     attnbench render --results results/reference-h200-core --out reports/reference/h200/core/report.html
+    attnbench reference triton --out results/reference-h200-triton
+    attnbench render --results results/reference-h200-triton --out reports/reference/h200/triton/report.html
 
 Reports
   sweep      the paper sweep's microbench rows (paper/), the stability passes (stability/), hbm and its
@@ -24,6 +26,7 @@ Reports
   workloads  the real-workload sweep (workloads/): trace-driven ragged and chunked prefill, paged decode,
              attention variants
   core       the harness-core grid (core/): prefill and decode for the SDPA backends, eager, math, flex
+  triton     our Triton kernels beside fa4, cuDNN and FA2 (triton/), with the compiler's report
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ from attnbench.report import stages
 from attnbench.workflow import paths
 
 # each reference report and the sweep folder it starts from (a folder that a reference run wrote)
-SWEEP_FOLDERS = {"sweep": "paper", "backends": "backends", "workloads": "workloads", "core": "core"}
+SWEEP_FOLDERS = {"sweep": "paper", "backends": "backends", "workloads": "workloads", "core": "core",
+                 "triton": "triton"}
 REPORTS = tuple(SWEEP_FOLDERS)
 # scripts/h200_pretrain.sh wrote the divergence experiment's two extra frames into one file (column table)
 DIVERGENCE_TABLES = {"weight_divergence": "divergence.parquet", "numerics_vs_fp64": "numerics.parquet"}
@@ -150,6 +154,9 @@ def assemble(name: str, rows: str | Path, out: str | Path) -> Path:
         _copy(rows / "context" / "context_capability.parquet", paths.within(out, paths.CONTEXT_CAPABILITY_ALL))
         _copy(rows / "context" / "context_cost.parquet", paths.within(out, paths.CONTEXT_COST_ALL))
         parts["context"] = []
+    if name == "triton":
+        _copy(sweep / "triton" / "compiler.parquet", paths.within(out, paths.TRITON_COMPILER))
+        parts["triton"] = []
     for stage, stage_parts in parts.items():
         stages.write(stage, out, tuple(stage_parts))
     return out

@@ -21,7 +21,9 @@ REPORTS = REPO / "reports" / "reference" / "h200"
 COMMITTED = {REPORTS / "tables": ("sweep", "microbench"), REPORTS / "pretrain" / "tables": ("sweep", "pretrain"),
              REPORTS / "backends" / "tables": ("backends", "microbench"),
              REPORTS / "workloads" / "tables": ("workloads", "microbench"),
-             REPORTS / "core" / "tables": ("core", "microbench")}
+             REPORTS / "core" / "tables": ("core", "microbench"),
+             REPORTS / "triton" / "tables": ("triton", "microbench"),
+             REPORTS / "triton" / "compiler": ("triton", "triton")}
 
 
 @pytest.fixture(scope="module")
