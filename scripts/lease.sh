@@ -103,6 +103,9 @@ for spec in "$@"; do
     > "$OUT/$sweep-snakemake.log" 2>&1  # the targets first: --configfile, --omit-from and --prioritize take every word after them
   echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
   grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8
+  # "N of N steps done" counts a job that wrote only not-run rows at the deadline: the rows say what ran
+  status_table=results/$sweep/microbench/tables/status.md
+  [ -f "$status_table" ] && tail -n +3 "$status_table" | cut -c1-160
   pack "$sweep"
 done
 # 6. FlashInfer's JIT cache, for the next cold machine
