@@ -165,12 +165,29 @@ class Plan:
 
     def group(self, stage: str, name: str) -> Group:
         """The one group lookup: a one-line error with the allowed names for an unknown group."""
-        groups = {"microbench": self.microbench, "microbench-rule": self.microbench, "stability": self.stability,
-                  "hbm": self.hbm, "context-cost": self.context_cost}[stage]
+        groups = self.groups(stage)
         if name not in groups:
             raise ConfigError(f"group={name!r} is not a {stage} group of sweep {self.sweep!r} on {self.device}; "
                               f"allowed: {', '.join(groups) or 'none'}")
         return groups[name]
+
+    def lease_group(self, name: str) -> tuple[str, Group]:
+        """``(stage, group)`` for a group that ``scripts/lease.sh <sweep>:<group>`` names: a microbench group
+        where the sweep runs that stage, else a context-cost group where it runs the context stage."""
+        stages = [s for s, runs in (("microbench", "microbench" in self.stages),
+                                    ("context-cost", "context" in self.stages)) if runs]
+        for stage in stages:
+            if name in self.groups(stage):
+                return stage, self.group(stage, name)
+        allowed = [g for stage in stages for g in self.groups(stage)]
+        raise ConfigError(f"group={name!r} is not a {' or '.join(stages) or 'results'} group of sweep "
+                          f"{self.sweep!r} on {self.device}; allowed: {', '.join(allowed) or 'none'}")
+
+    def groups(self, stage: str) -> dict[str, Group]:
+        """The groups of a results stage (``microbench``, ``microbench-rule``, ``stability``, ``hbm``,
+        ``context-cost``), by name."""
+        return {"microbench": self.microbench, "microbench-rule": self.microbench, "stability": self.stability,
+                "hbm": self.hbm, "context-cost": self.context_cost}[stage]
 
     # --------------------------------------------------------------------------- jobs
 

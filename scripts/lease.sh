@@ -6,8 +6,9 @@
 #
 # Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job, and the report
 # where nbconvert is installed: without it the report is left to `attnbench render` on the machine that commits);
-# <sweep>:<group>,<group> runs only those microbench groups (results/<sweep>/microbench/<group>.parquet), the first
-# named first, for a cold machine that should not measure again the groups an earlier lease already brought back.
+# <sweep>:<group>,<group> runs only those results groups (results/<sweep>/microbench/<group>.parquet, or a context
+# sweep's results/<sweep>/context/cost/<group>.parquet), the first named first, for a cold machine that should not
+# measure again the groups an earlier lease already brought back.
 # The lease is a host without network whose calls are cut after a few minutes: this wrapper only does what the
 # pipeline cannot do for itself.
 #   1. installs the wheel bundles carried in .gpu-wheels/ (../shared/tools/gpu-wheels; docs/reference-runs.md),

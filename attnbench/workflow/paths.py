@@ -59,10 +59,15 @@ REPORT_HTML = REPORTS + "/report.html"
 PUBLISHED = RESULTS + "/wandb/published.json"
 
 
-def group_targets(sweep: str, groups: list[str]) -> list[str]:
-    """Snakemake targets that run only these microbench groups of a sweep, and record the run's config and
-    versions beside them (a lease that measures again only the groups still missing; scripts/lease.sh)."""
-    return [MICROBENCH.format(sweep=sweep, group=g) for g in groups] + \
+# the results file of a group that a lease may name alone, per stage
+GROUP_TARGET = {"microbench": MICROBENCH, "context-cost": CONTEXT_COST}
+
+
+def group_targets(sweep: str, groups: list[tuple[str, str]]) -> list[str]:
+    """Snakemake targets that run only these ``(stage, group)`` results groups of a sweep (microbench or context
+    cost), and record the run's config and versions beside them (a lease that measures again only the groups
+    still missing; scripts/lease.sh)."""
+    return [GROUP_TARGET[stage].format(sweep=sweep, group=g) for stage, g in groups] + \
         [ENV_CONFIG.format(sweep=sweep), VERSIONS.format(sweep=sweep)]
 
 

@@ -245,3 +245,18 @@ def test_lease_targets_are_the_groups_outputs_and_the_runs_config(config_file, c
     assert main(["plan", "--config", str(config_file), "--targets", "g"]) == 0
     assert capsys.readouterr().out.split() == [
         "results/sec/microbench/g.parquet", "results/sec/env/config.yaml", "results/sec/env/versions.json"]
+
+
+def test_lease_targets_of_a_context_sweep_are_its_cost_groups_parts(capsys):
+    # h200-context runs no microbench: `lease.sh h200-context:fwd,unfused` measures those cost groups alone
+    from attnbench.cli import main
+
+    sweep = str(Path(__file__).resolve().parents[2] / "config" / "sweeps" / "h200-context.yaml")
+    capsys.readouterr()
+    assert main(["plan", "--config", sweep, "--device", "cuda",
+                 "--targets", "fwd,unfused"]) == 0
+    assert capsys.readouterr().out.split() == [
+        "results/h200-context/context/cost/fwd.parquet", "results/h200-context/context/cost/unfused.parquet",
+        "results/h200-context/env/config.yaml", "results/h200-context/env/versions.json"]
+    cli_error(["plan", "--config", sweep, "--device", "cuda", "--targets", "prefil"],
+              capsys, "group='prefil' is not a context-cost group of sweep 'h200-context' on cuda; allowed: decode, fwd")
