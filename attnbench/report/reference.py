@@ -1,9 +1,9 @@
 """Assemble a sweep folder from the committed reference rows, so that the report renders from them.
 
 ``results/reference/h200/`` holds the sweep folders of reference runs through the pipeline (``paper/``,
-``stability/``, ``backends/``, ``workloads/``, ``core/``, ``triton/``, and the hbm stage of ``h200-hbm`` in
-``hbm/``) beside rows that time-boxed GPU runs wrote before it ran every stage, in their own file layout
-(``pretrain/``, ``context/``; docs/reference-runs.md). :func:`assemble` copies (and, where a file held several
+``stability/``, ``backends/``, ``workloads/``, ``core/``, ``triton/``, the hbm stage of ``h200-hbm`` in
+``hbm/`` and the context stage of ``h200-context`` in ``context/``) beside rows that time-boxed GPU runs wrote
+before it ran every stage, in their own file layout (``pretrain/``; docs/reference-runs.md). :func:`assemble` copies (and, where a file held several
 stages' parts, splits) them into the layout of ``results/<sweep>/``
 (:mod:`attnbench.workflow.paths`) and writes every stage's tables, figures and index with the same
 code the rules run; then ``attnbench render`` renders the report::
@@ -151,8 +151,9 @@ def assemble(name: str, rows: str | Path, out: str | Path) -> Path:
         _copy(rows / "hbm" / "ledger.parquet", paths.within(out, paths.HBM_LEDGER))
         parts["hbm"] = []
         parts["pretrain"] = _pretrain(rows / "pretrain", out)
-        _copy(rows / "context" / "context_capability.parquet", paths.within(out, paths.CONTEXT_CAPABILITY_ALL))
-        _copy(rows / "context" / "context_cost.parquet", paths.within(out, paths.CONTEXT_COST_ALL))
+        for merged in (paths.CONTEXT_CAPABILITY_ALL, paths.CONTEXT_COST_ALL, paths.CONTEXT_ROPE):
+            # the h200-context sweep's folder holds its results/<sweep>/context/ files
+            _copy(rows / "context" / Path(merged).name, paths.within(out, merged))
         parts["context"] = []
     if name == "triton":
         _copy(sweep / "triton" / "compiler.parquet", paths.within(out, paths.TRITON_COMPILER))
