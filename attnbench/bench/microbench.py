@@ -70,8 +70,8 @@ def base_row(case: Case, backend: Backend, device: str, ceilings: Ceilings | Non
                flops=conventions.workload_flops(case), flops_padded=conventions.flops(case),
                bytes_min=conventions.workload_bytes_min(case),
                bytes_model=conventions.workload_bytes_model(case, backend.family, backend.fp8_inputs, device=device))
-    if ceilings:
-        row["peak_flops"] = ceilings.peak_flops(case.dtype)
+    if ceilings:  # the roofline of the precision the matmuls run in: an fp8 kernel on bf16 inputs is held to fp8's
+        row["peak_flops"] = ceilings.peak_flops(row["compute_dtype"])
         row["peak_bytes_per_s"] = ceilings.copy_bytes_per_s
     return row
 

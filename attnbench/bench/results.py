@@ -87,7 +87,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "intensity": ("number", "flops / bytes_model"),
     "bound": ("string", "memory, compute, latency or unknown"),
     "frac_of_peak": ("number", "achieved FLOP/s over the roofline at this intensity"),
-    "peak_flops": ("number", "measured matmul ceiling for this dtype, FLOP/s"),
+    "peak_flops": ("number", "measured matmul ceiling for the dtype the backend computes in (compute_dtype), FLOP/s"),
     "peak_bytes_per_s": ("number", "measured copy bandwidth, bytes/s"),
     # energy and telemetry while timing (attnbench.bench.telemetry)
     "energy_j": ("number", "energy per call from NVML's energy counter over timing.energy_ms of back-to-back calls, J"),

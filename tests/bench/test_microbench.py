@@ -120,3 +120,17 @@ def test_a_workload_group_runs_into_valid_rows(tmp_path):
     assert set(df.status) == {"ok"} and set(df.numerics_status) == {"ok"} and set(df.workload) == {"azure-conv"}
     assert (df.tokens_q == df.seq_lens_q.map(lambda s: sum(map(int, s.split(","))))).all()
     assert (df.flops < df.flops_padded).all() and (df.seq_q_median <= df.seq_q).all()
+
+
+def test_an_fp8_kernel_on_bf16_inputs_is_held_to_the_fp8_matmul_ceiling():
+    # triton-fp8 takes bf16 Q, K, V and runs its matmuls in e4m3: its roofline is fp8's, not bf16's
+    from attnbench.bench.ceilings import Ceilings
+    from attnbench.bench.microbench import base_row
+    from attnbench.kernels.registry import get_backend
+    from attnbench.case import Case
+
+    ceilings = Ceilings("cuda", "test", 4e12, {"fp32": 50e12, "bf16": 680e12, "fp8": 1250e12})
+    case = Case(mode="fwd", layout="mha", batch=1, heads_q=4, heads_kv=4, head_dim_qk=64, head_dim_v=64,
+                seq_q=128, seq_kv=128, causal=False, dtype="bf16")
+    assert base_row(case, get_backend("triton-fp8"), "cpu", ceilings)["peak_flops"] == 1250e12
+    assert base_row(case, get_backend("triton"), "cpu", ceilings)["peak_flops"] == 680e12
