@@ -7,6 +7,7 @@
   publish        log every stage to Weights & Biases (offline unless WANDB_API_KEY is set)
   wandb-report   build the W&B Report of an offline run's saved spec, once it is synced
   reference      assemble a sweep folder from the committed reference rows (results/reference/<gpu>/)
+  reference-merge  merge the microbench groups of a lease's pack into a committed reference folder
 """
 from __future__ import annotations
 
@@ -93,6 +94,16 @@ def _cmd_reference(args) -> int:
     return 0
 
 
+def _cmd_reference_merge(args) -> int:
+    from attnbench.report.reference_merge import merge
+
+    groups = args.groups.split(",") if args.groups else None
+    counts = merge(args.pack, args.into, groups, args.gpu)
+    print(f"attnbench reference-merge: {', '.join(f'{g} {n} rows' for g, n in counts.items())} into {args.into}; "
+          "then render its report again (attnbench reference <report>, attnbench render)", file=sys.stderr)
+    return 0
+
+
 def _min_margin(value: float | None) -> float:
     """``--min-margin``, or the schema's default of ``report.min_margin``."""
     from attnbench.report.tables import DEFAULT_MIN_MARGIN
@@ -156,3 +167,10 @@ def add_commands(sub) -> None:
     p.add_argument("--rows", default="results/reference/h200", help="the committed rows' folder")
     p.add_argument("--out", required=True, help="the sweep folder to write (e.g. results/reference-h200)")
     p.set_defaults(func=_cmd_reference)
+
+    p = sub.add_parser("reference-merge", help="merge the microbench groups of a lease's pack into a reference folder")
+    p.add_argument("pack", help="the $OUT/<sweep>.tar.gz a call of scripts/lease.sh returned")
+    p.add_argument("--into", required=True, help="the committed folder, results/reference/<gpu>/<folder>")
+    p.add_argument("--groups", metavar="GROUP[,GROUP...]", help="the groups to merge (default: every one in the pack)")
+    p.add_argument("--gpu", help="the call's $OUT/gpu.txt, kept as gpu-<sha>.txt")
+    p.set_defaults(func=_cmd_reference_merge)

@@ -1,0 +1,145 @@
+"""Merge the microbench groups a lease brought back into a committed reference folder.
+
+``scripts/lease.sh`` packs what a sweep made as ``$OUT/<sweep>.tar.gz`` (``results/<sweep>/`` with the call's
+Snakemake log inside). A group measured on a later lease (``lease.sh <sweep>:<group>``) replaces that group's
+rows in ``results/reference/<gpu>/<folder>/microbench.parquet``, and its provenance goes beside them, never over
+the earlier run's (docs/reference-runs.md, "Back here")::
+
+    attnbench reference-merge h200-triton.tar.gz --into results/reference/h200/triton --groups fwd_bwd --gpu gpu.txt
+
+* only groups whose job finished are merged: one stopped at a deadline (its ``.interrupted`` marker,
+  :mod:`attnbench.workflow.resume`) is refused, so a reference never holds "not run" rows that a resume would fill;
+* rows from a tree with uncommitted changes (``git_sha`` ``<sha>-dirty``) or without git are refused;
+* the other groups' rows are kept as they are; the merged table is validated and written atomically;
+* the pack's Snakemake log becomes the next free ``snakemake-<n>.log``, its ``env/`` becomes ``env-<sha>/`` and
+  the GPU record (``--gpu``, the call's ``$OUT/gpu.txt``) ``gpu-<sha>.txt``; each group's Snakemake benchmark
+  replaces ``benchmarks/microbench/<group>.tsv``.
+
+The pack is unpacked into a temporary folder first, member by member checked: only regular files and folders
+under ``results/<sweep>/`` (and ``reports/<sweep>/``) with plain names, nothing absolute, no ``..``, no links.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+import pandas as pd
+
+from attnbench.bench.results import ResultsError, to_frame, write_atomic
+from attnbench.report.aggregate import load_results
+from attnbench.workflow import paths
+from attnbench.workflow.resume import marker_path
+
+REFERENCE_ROOT = Path("results/reference")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _members(pack: tarfile.TarFile, source: str) -> list[tarfile.TarInfo]:
+    """The pack's members, each checked before anything is written; one line naming the first bad one."""
+    members = pack.getmembers()
+    for m in members:
+        parts = PurePosixPath(m.name).parts
+        if not (m.isfile() or m.isdir()) or m.name.startswith("/") or not parts \
+                or parts[0] not in ("results", "reports") or not all(_NAME.match(p) for p in parts):
+            raise ResultsError(f"{source}: member {m.name!r} is not allowed; allowed: regular files and folders "
+                               "under results/<sweep>/ and reports/<sweep>/ with names of letters, digits, '.', "
+                               "'_', '-'")
+    return members
+
+
+def unpack(pack_path: str | Path, into: Path) -> Path:
+    """Unpack a lease's pack into ``into``; returns its ``results/<sweep>`` folder (exactly one)."""
+    pack_path = Path(pack_path)
+    if not pack_path.is_file():
+        raise ResultsError(f"{pack_path}: pack does not exist")
+    try:
+        with tarfile.open(pack_path, "r:*") as pack:
+            members = _members(pack, str(pack_path))
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            pack.extractall(into, members=members, **kwargs)
+    except tarfile.TarError as err:
+        raise ResultsError(f"{pack_path}: not a readable pack ({err})") from None
+    sweeps = sorted(p for p in (into / "results").iterdir() if p.is_dir()) if (into / "results").is_dir() else []
+    if len(sweeps) != 1:
+        raise ResultsError(f"{pack_path}: holds {len(sweeps)} sweep folders under results/; allowed: exactly one")
+    return sweeps[0]
+
+
+def _reference_folder(into: str | Path) -> Path:
+    into = Path(into)
+    if into.is_absolute() or ".." in into.parts or into.parts[:2] != REFERENCE_ROOT.parts or len(into.parts) < 4:
+        raise ResultsError(f"--into={str(into)!r} is not allowed; allowed: a folder results/reference/<gpu>/<folder>")
+    return into
+
+
+def _group_rows(sweep: Path, groups: list[str] | None) -> dict[str, Path]:
+    folder = sweep / "microbench"
+    found = {p.name[: -len(".parquet")]: p for p in sorted(folder.glob("*.parquet"))} if folder.is_dir() else {}
+    for name in groups or []:
+        if name not in found:
+            raise ResultsError(f"group={name!r} is not in the pack; allowed: {', '.join(found) or 'none'}")
+    chosen = {g: found[g] for g in (groups or found)}
+    for name, path in chosen.items():
+        if marker_path(path).exists():
+            raise ResultsError(f"group={name!r} stopped before it finished (its job left {marker_path(path).name}); "
+                               "resume it on a lease first, then merge the pack that call returns")
+    return chosen
+
+
+def _commit(rows: pd.DataFrame, source: str) -> str:
+    shas = sorted(set(rows["git_sha"].astype(str)))
+    bad = [s for s in shas if s.endswith("-dirty") or not re.fullmatch(r"[0-9a-f]{7,40}", s)]
+    if bad:
+        raise ResultsError(f"{source}: rows with git_sha {bad[0]!r} are not allowed as reference; allowed: rows "
+                           "measured at a clean commit")
+    return shas[-1][:7] if len(shas) == 1 else "-".join(s[:7] for s in shas)
+
+
+def _next_log(folder: Path) -> Path:
+    if not (folder / "snakemake.log").exists():
+        return folder / "snakemake.log"
+    n = 1
+    while (folder / f"snakemake-{n}.log").exists():
+        n += 1
+    return folder / f"snakemake-{n}.log"
+
+
+def merge(pack: str | Path, into: str | Path, groups: list[str] | None = None,
+          gpu: str | Path | None = None) -> dict[str, int]:
+    """Merge ``groups`` (default: every finished group in the pack) into the reference folder ``into``.
+
+    Returns the number of rows merged per group. Everything is checked before the folder is touched.
+    """
+    folder = _reference_folder(into)
+    if gpu is not None and not Path(gpu).is_file():
+        raise ResultsError(f"--gpu={str(gpu)!r}: file does not exist")
+    with tempfile.TemporaryDirectory() as tmp:
+        sweep = unpack(pack, Path(tmp))
+        chosen = _group_rows(sweep, groups)
+        if not chosen:
+            raise ResultsError(f"{pack}: no microbench group to merge")
+        new = load_results(list(chosen.values()))
+        sha = _commit(new, str(pack))
+        table = folder / "microbench.parquet"
+        kept = load_results([table]) if table.exists() else new.iloc[:0]
+        merged = to_frame(pd.concat([kept[~kept["group"].isin(list(chosen))], new], ignore_index=True))
+        if merged.duplicated(["case_id", "backend"]).any():
+            raise ResultsError(f"{pack}: a (case, backend) pair of the pack is already in another group of {table}")
+        write_atomic(merged, table)
+        log = sweep / "snakemake.log"
+        if log.is_file():
+            shutil.copyfile(log, _next_log(folder))
+        env = paths.within(sweep, paths.ENV)
+        if env.is_dir():
+            shutil.copytree(env, folder / f"env-{sha}", dirs_exist_ok=True)
+        if gpu is not None:
+            shutil.copyfile(gpu, folder / f"gpu-{sha}.txt")
+        for name in chosen:
+            bench = sweep / "benchmarks" / "microbench" / f"{name}.tsv"
+            if bench.is_file():
+                (folder / "benchmarks" / "microbench").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(bench, folder / "benchmarks" / "microbench" / f"{name}.tsv")
+    return {name: int((new["group"] == name).sum()) for name in chosen}
