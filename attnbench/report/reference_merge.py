@@ -1,9 +1,9 @@
-"""Merge the microbench groups a lease brought back into a committed reference folder.
+"""Merge the microbench or context-cost groups a lease brought back into a committed reference folder.
 
 ``scripts/lease.sh`` packs what a sweep made as ``$OUT/<sweep>.tar.gz`` (``results/<sweep>/`` with the call's
 Snakemake log inside). A group measured on a later lease (``lease.sh <sweep>:<group>``) replaces that group's
-rows in ``results/reference/<gpu>/<folder>/microbench.parquet``, and its provenance goes beside them, never over
-the earlier run's (docs/reference-runs.md, "Back here")::
+rows in ``results/reference/<gpu>/<folder>/microbench.parquet`` (a context sweep's cost group: in its
+``cost.parquet``), and its provenance goes beside them, never over the earlier run's (docs/reference-runs.md, "Back here")::
 
     attnbench reference-merge h200-triton.tar.gz --into results/reference/h200/triton --groups fwd_bwd --gpu gpu.txt
 
@@ -13,7 +13,8 @@ the earlier run's (docs/reference-runs.md, "Back here")::
 * the other groups' rows are kept as they are; the merged table is validated and written atomically;
 * the pack's Snakemake log becomes the next free ``snakemake-<n>.log``, its ``env/`` becomes ``env-<sha>/`` and
   the GPU record (``--gpu``, the call's ``$OUT/gpu.txt``) ``gpu-<sha>.txt``; each group's Snakemake benchmark
-  replaces ``benchmarks/microbench/<group>.tsv``.
+  replaces ``benchmarks/microbench/<group>.tsv`` (``benchmarks/context-cost/<group>.tsv``);
+* a context folder's tables are then stale: ``attnbench reference sweep`` writes them again.
 
 The pack is unpacked into a temporary folder first, member by member checked: only regular files and folders
 under ``results/<sweep>/`` (and ``reports/<sweep>/``) with plain names, nothing absolute, no ``..``, no links.
@@ -75,14 +76,23 @@ def _reference_folder(into: str | Path) -> Path:
     return into
 
 
-def _group_rows(sweep: Path, groups: list[str] | None) -> dict[str, Path]:
-    folder = sweep / "microbench"
-    found = {p.name[: -len(".parquet")]: p for p in sorted(folder.glob("*.parquet"))} if folder.is_dir() else {}
+# the results stages whose groups a lease measures alone: the pack's parts and benchmarks (under results/<sweep>/)
+# and the reference folder's table
+STAGES = {"microbench": ("microbench", "benchmarks/microbench", "microbench.parquet"),
+          "context-cost": ("context/cost", "benchmarks/context-cost", "cost.parquet")}
+
+
+def _group_rows(sweep: Path, groups: list[str] | None) -> dict[str, tuple[str, Path]]:
+    """``{group: (stage, rows file)}`` of the pack; a microbench group wins a name that both stages have."""
+    found: dict[str, tuple[str, Path]] = {}
+    for stage, (parts, _, _) in STAGES.items():
+        for path in sorted((sweep / parts).glob("*.parquet")):
+            found.setdefault(path.name[: -len(".parquet")], (stage, path))
     for name in groups or []:
         if name not in found:
             raise ResultsError(f"group={name!r} is not in the pack; allowed: {', '.join(found) or 'none'}")
     chosen = {g: found[g] for g in (groups or found)}
-    for name, path in chosen.items():
+    for name, (_, path) in chosen.items():
         if marker_path(path).exists():
             raise ResultsError(f"group={name!r} stopped before it finished (its job left {marker_path(path).name}); "
                                "resume it on a lease first, then merge the pack that call returns")
@@ -120,15 +130,19 @@ def merge(pack: str | Path, into: str | Path, groups: list[str] | None = None,
         sweep = unpack(pack, Path(tmp))
         chosen = _group_rows(sweep, groups)
         if not chosen:
-            raise ResultsError(f"{pack}: no microbench group to merge")
-        new = load_results(list(chosen.values()))
-        sha = _commit(new, str(pack))
-        table = folder / "microbench.parquet"
-        kept = load_results([table]) if table.exists() else new.iloc[:0]
-        merged = to_frame(pd.concat([kept[~kept["group"].isin(list(chosen))], new], ignore_index=True))
-        if merged.duplicated(["case_id", "backend"]).any():
-            raise ResultsError(f"{pack}: a (case, backend) pair of the pack is already in another group of {table}")
-        write_atomic(merged, table)
+            raise ResultsError(f"{pack}: no microbench or context-cost group to merge")
+        new = {stage: load_results([p for s, p in chosen.values() if s == stage]) for stage, _ in chosen.values()}
+        sha = _commit(pd.concat(list(new.values())), str(pack))
+        merged = {}
+        for stage, rows in new.items():  # every table checked before any is written
+            table = folder / STAGES[stage][2]
+            kept = load_results([table]) if table.exists() else rows.iloc[:0]
+            replaced = [g for g, (s, _) in chosen.items() if s == stage]
+            merged[table] = to_frame(pd.concat([kept[~kept["group"].isin(replaced)], rows], ignore_index=True))
+            if merged[table].duplicated(["case_id", "backend"]).any():
+                raise ResultsError(f"{pack}: a (case, backend) pair of the pack is already in another group of {table}")
+        for table, frame in merged.items():
+            write_atomic(frame, table)
         log = sweep / "snakemake.log"
         if log.is_file():
             shutil.copyfile(log, _next_log(folder))
@@ -137,9 +151,10 @@ def merge(pack: str | Path, into: str | Path, groups: list[str] | None = None,
             shutil.copytree(env, folder / f"env-{sha}", dirs_exist_ok=True)
         if gpu is not None:
             shutil.copyfile(gpu, folder / f"gpu-{sha}.txt")
-        for name in chosen:
-            bench = sweep / "benchmarks" / "microbench" / f"{name}.tsv"
+        for name, (stage, _) in chosen.items():
+            bench = sweep / STAGES[stage][1] / f"{name}.tsv"
             if bench.is_file():
-                (folder / "benchmarks" / "microbench").mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(bench, folder / "benchmarks" / "microbench" / f"{name}.tsv")
-    return {name: int((new["group"] == name).sum()) for name in chosen}
+                (folder / STAGES[stage][1]).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(bench, folder / STAGES[stage][1] / f"{name}.tsv")
+        counts = pd.concat(list(new.values()))["group"].value_counts()
+    return {name: int(counts.get(name, 0)) for name in chosen}

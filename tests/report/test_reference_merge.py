@@ -135,3 +135,24 @@ def test_a_group_the_pack_does_not_hold_names_the_ones_it_does(folder, tmp_path)
     with pytest.raises(ResultsError, match="group='fwd_bwd' is not in the pack; allowed: fwd-fp8"):
         merge(pack, FOLDER, ["fwd_bwd"])
     assert _unchanged(folder)
+
+
+def test_a_context_sweeps_cost_group_replaces_its_rows_in_cost_parquet(tmp_path, monkeypatch):
+    # lease.sh h200-context:fwd measures one cost group alone; its rows go into the context folder's cost.parquet
+    monkeypatch.chdir(tmp_path)
+    cost = pd.read_parquet(REPO / "results/reference/h200/context/cost.parquet")
+    target = tmp_path / "results/reference/h200/context"
+    target.mkdir(parents=True)
+    cost.to_parquet(target / "cost.parquet", index=False)
+    rows = cost[cost["group"] == "fwd"].copy()
+    rows["status"], rows["reason"], rows["git_sha"] = "unsupported", "measured again", "0123456789ab"
+    pack = tmp_path / "h200-context.tar.gz"
+    with tarfile.open(pack, "w:gz") as tar:
+        _add(tar, "results/h200-context/context/cost/fwd.parquet", _parquet(rows))
+        _add(tar, "results/h200-context/benchmarks/context-cost/fwd.tsv", b"s\n9.0\n")
+    assert merge(pack, "results/reference/h200/context") == {"fwd": 25}
+    after = pd.read_parquet(target / "cost.parquet")
+    assert len(after) == len(cost) and set(after[after["group"] == "fwd"]["git_sha"]) == {"0123456789ab"}
+    assert after[after["group"] != "fwd"]["git_sha"].eq(cost[cost["group"] != "fwd"]["git_sha"].iloc[0]).all()
+    assert (target / "benchmarks/context-cost/fwd.tsv").read_text() == "s\n9.0\n"
+    assert not (target / "microbench.parquet").exists()
