@@ -168,7 +168,8 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True, help="the sweep folder to write (e.g. results/reference-h200)")
     p.set_defaults(func=_cmd_reference)
 
-    p = sub.add_parser("reference-merge", help="merge the microbench or context-cost groups of a lease's pack into a reference folder")
+    p = sub.add_parser("reference-merge",
+                       help="merge the microbench or context-cost groups of a lease's pack into a reference folder")
     p.add_argument("pack", help="the $OUT/<sweep>.tar.gz a call of scripts/lease.sh returned")
     p.add_argument("--into", required=True, help="the committed folder, results/reference/<gpu>/<folder>")
     p.add_argument("--groups", metavar="GROUP[,GROUP...]", help="the groups to merge (default: every one in the pack)")

@@ -3,7 +3,8 @@
 ``scripts/lease.sh`` packs what a sweep made as ``$OUT/<sweep>.tar.gz`` (``results/<sweep>/`` with the call's
 Snakemake log inside). A group measured on a later lease (``lease.sh <sweep>:<group>``) replaces that group's
 rows in ``results/reference/<gpu>/<folder>/microbench.parquet`` (a context sweep's cost group: in its
-``cost.parquet``), and its provenance goes beside them, never over the earlier run's (docs/reference-runs.md, "Back here")::
+``cost.parquet``), and its provenance goes beside them, never over the earlier run's (docs/reference-runs.md,
+"Back here")::
 
     attnbench reference-merge h200-triton.tar.gz --into results/reference/h200/triton --groups fwd_bwd --gpu gpu.txt
 

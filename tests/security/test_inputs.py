@@ -259,4 +259,5 @@ def test_lease_targets_of_a_context_sweep_are_its_cost_groups_parts(capsys):
         "results/h200-context/context/cost/fwd.parquet", "results/h200-context/context/cost/unfused.parquet",
         "results/h200-context/env/config.yaml", "results/h200-context/env/versions.json"]
     cli_error(["plan", "--config", sweep, "--device", "cuda", "--targets", "prefil"],
-              capsys, "group='prefil' is not a context-cost group of sweep 'h200-context' on cuda; allowed: decode, fwd")
+              capsys, "group='prefil' is not a context-cost group of sweep 'h200-context' on cuda; "
+                      "allowed: decode, fwd")
