@@ -178,7 +178,7 @@ class Plan:
                                     ("context-cost", "context" in self.stages)) if runs]
         for stage in stages:
             if name in self.groups(stage):
-                return stage, self.group(stage, name)
+                return stage, self.groups(stage)[name]
         allowed = [g for stage in stages for g in self.groups(stage)]
         raise ConfigError(f"group={name!r} is not a {' or '.join(stages) or 'results'} group of sweep "
                           f"{self.sweep!r} on {self.device}; allowed: {', '.join(allowed) or 'none'}")

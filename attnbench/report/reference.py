@@ -3,8 +3,8 @@
 ``results/reference/h200/`` holds the sweep folders of reference runs through the pipeline (``paper/``,
 ``stability/``, ``backends/``, ``workloads/``, ``core/``, ``triton/``, the hbm stage of ``h200-hbm`` in
 ``hbm/`` and the context stage of ``h200-context`` in ``context/``) beside rows that time-boxed GPU runs wrote
-before it ran every stage, in their own file layout (``pretrain/``; docs/reference-runs.md). :func:`assemble` copies (and, where a file held several
-stages' parts, splits) them into the layout of ``results/<sweep>/``
+before it ran every stage, in their own file layout (``pretrain/``; docs/reference-runs.md). :func:`assemble`
+copies (and, where a file held several stages' parts, splits) them into the layout of ``results/<sweep>/``
 (:mod:`attnbench.workflow.paths`) and writes every stage's tables, figures and index with the same
 code the rules run; then ``attnbench render`` renders the report::
 

@@ -18,7 +18,8 @@ rows in ``results/reference/<gpu>/<folder>/microbench.parquet`` (a context sweep
 * a context folder's tables are then stale: ``attnbench reference sweep`` writes them again.
 
 The pack is unpacked into a temporary folder first, member by member checked: only regular files and folders
-under ``results/<sweep>/`` (and ``reports/<sweep>/``) with plain names, nothing absolute, no ``..``, no links.
+under ``results/<sweep>/`` (and ``reports/<sweep>/``, which is not extracted) with plain names, nothing
+absolute, no ``..``, no links.
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def unpack(pack_path: str | Path, into: Path) -> Path:
         with tarfile.open(pack_path, "r:*") as pack:
             members = _members(pack, str(pack_path))
             kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            pack.extractall(into, members=members, **kwargs)
+            # every member checked, only the results extracted (the rendered report is not merged)
+            pack.extractall(into, members=[m for m in members if PurePosixPath(m.name).parts[0] == "results"], **kwargs)
     except tarfile.TarError as err:
         raise ResultsError(f"{pack_path}: not a readable pack ({err})") from None
     sweeps = sorted(p for p in (into / "results").iterdir() if p.is_dir()) if (into / "results").is_dir() else []
@@ -77,17 +79,17 @@ def _reference_folder(into: str | Path) -> Path:
     return into
 
 
-# the results stages whose groups a lease measures alone: the pack's parts and benchmarks (under results/<sweep>/)
-# and the reference folder's table
-STAGES = {"microbench": ("microbench", "benchmarks/microbench", "microbench.parquet"),
-          "context-cost": ("context/cost", "benchmarks/context-cost", "cost.parquet")}
+# the reference folder's table per stage whose groups a lease measures alone (paths.group_results): a sweep
+# folder's merged microbench rows, or a context folder's cost rows (it holds the context stage's files at its top)
+TABLES = {"microbench": Path(paths.MERGED).name, "context-cost": Path(paths.CONTEXT_COST_ALL).name}
 
 
 def _group_rows(sweep: Path, groups: list[str] | None) -> dict[str, tuple[str, Path]]:
     """``{group: (stage, rows file)}`` of the pack; a microbench group wins a name that both stages have."""
     found: dict[str, tuple[str, Path]] = {}
-    for stage, (parts, _, _) in STAGES.items():
-        for path in sorted((sweep / parts).glob("*.parquet")):
+    for stage in TABLES:
+        pattern = paths.within(sweep, paths.group_results(stage), group="*")
+        for path in sorted(pattern.parent.glob(pattern.name)):
             found.setdefault(path.name[: -len(".parquet")], (stage, path))
     for name in groups or []:
         if name not in found:
@@ -133,10 +135,11 @@ def merge(pack: str | Path, into: str | Path, groups: list[str] | None = None,
         if not chosen:
             raise ResultsError(f"{pack}: no microbench or context-cost group to merge")
         new = {stage: load_results([p for s, p in chosen.values() if s == stage]) for stage, _ in chosen.values()}
-        sha = _commit(pd.concat(list(new.values())), str(pack))
+        every_new = pd.concat(list(new.values()))
+        sha = _commit(every_new, str(pack))
         merged = {}
         for stage, rows in new.items():  # every table checked before any is written
-            table = folder / STAGES[stage][2]
+            table = folder / TABLES[stage]
             kept = load_results([table]) if table.exists() else rows.iloc[:0]
             replaced = [g for g, (s, _) in chosen.items() if s == stage]
             merged[table] = to_frame(pd.concat([kept[~kept["group"].isin(replaced)], rows], ignore_index=True))
@@ -153,9 +156,10 @@ def merge(pack: str | Path, into: str | Path, groups: list[str] | None = None,
         if gpu is not None:
             shutil.copyfile(gpu, folder / f"gpu-{sha}.txt")
         for name, (stage, _) in chosen.items():
-            bench = sweep / STAGES[stage][1] / f"{name}.tsv"
+            bench = paths.within(sweep, paths.JOB_BENCHMARK, stage=stage, name=name)
             if bench.is_file():
-                (folder / STAGES[stage][1]).mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(bench, folder / STAGES[stage][1] / f"{name}.tsv")
-        counts = pd.concat(list(new.values()))["group"].value_counts()
+                target = folder / bench.relative_to(sweep)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(bench, target)
+    counts = every_new["group"].value_counts()
     return {name: int(counts.get(name, 0)) for name in chosen}

@@ -59,13 +59,16 @@ REPORT_HTML = REPORTS + "/report.html"
 PUBLISHED = RESULTS + "/wandb/published.json"
 
 
+def group_results(stage: str) -> str:
+    """The results file of one group of a stage whose groups a lease may measure alone (microbench, context cost)."""
+    return {"microbench": MICROBENCH, "context-cost": CONTEXT_COST}[stage]
+
+
 def group_targets(sweep: str, groups: list[tuple[str, str]]) -> list[str]:
     """Snakemake targets that run only these ``(stage, group)`` results groups of a sweep (microbench or context
     cost), and record the run's config and versions beside them (a lease that measures again only the groups
     still missing; scripts/lease.sh)."""
-    # a local name: every upper-case name of this module is a path template (workflow/rules/common.smk)
-    results_file = {"microbench": MICROBENCH, "context-cost": CONTEXT_COST}
-    return [results_file[stage].format(sweep=sweep, group=g) for stage, g in groups] + \
+    return [group_results(stage).format(sweep=sweep, group=g) for stage, g in groups] + \
         [ENV_CONFIG.format(sweep=sweep), VERSIONS.format(sweep=sweep)]
 
 
