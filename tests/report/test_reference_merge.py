@@ -81,6 +81,15 @@ def test_a_pack_replaces_its_groups_rows_and_puts_its_provenance_beside_the_earl
     assert (folder / "benchmarks/microbench/fwd-fp8.tsv").read_text().endswith("12.0\t0:00:12\n")
 
 
+def test_the_packs_log_follows_the_folders_highest_so_a_gap_never_puts_a_later_call_first(folder, tmp_path):
+    (folder / "snakemake-2.log").write_text("the third call\n")  # a folder whose -1 was never kept
+    (tmp_path / "gpu.txt").write_text("NVIDIA H200\n")
+    merge(_pack(tmp_path / "h200-triton.tar.gz", _remeasured("fwd-fp8"), "fwd-fp8"), FOLDER, ["fwd-fp8"],
+          tmp_path / "gpu.txt")
+    assert not (folder / "snakemake-1.log").exists()
+    assert (folder / "snakemake-3.log").read_text() == "4 of 4 steps (100%) done\n"
+
+
 def _unchanged(folder: Path) -> bool:
     return sorted(p.name for p in folder.iterdir()) == ["microbench.parquet", "snakemake.log"] and \
         pd.read_parquet(folder / "microbench.parquet").equals(pd.read_parquet(ROWS))
@@ -153,6 +162,9 @@ def test_a_context_sweeps_cost_group_replaces_its_rows_in_cost_parquet(tmp_path,
     assert merge(pack, "results/reference/h200/context") == {"fwd": 25}
     after = pd.read_parquet(target / "cost.parquet")
     assert len(after) == len(cost) and set(after[after["group"] == "fwd"]["git_sha"]) == {"0123456789ab"}
-    assert after[after["group"] != "fwd"]["git_sha"].eq(cost[cost["group"] != "fwd"]["git_sha"].iloc[0]).all()
+    kept = ["group", "case_id", "backend", "git_sha", "status"]
+    pd.testing.assert_frame_equal(
+        after.loc[after["group"] != "fwd", kept].sort_values(kept[:3]).reset_index(drop=True),
+        cost.loc[cost["group"] != "fwd", kept].sort_values(kept[:3]).reset_index(drop=True), check_dtype=False)
     assert (target / "benchmarks/context-cost/fwd.tsv").read_text() == "s\n9.0\n"
     assert not (target / "microbench.parquet").exists()
