@@ -53,7 +53,7 @@ def _cmd_plan(args) -> int:
     if args.targets is not None:  # only the paths, one a line: what scripts/lease.sh passes to Snakemake
         from attnbench.workflow.paths import group_targets
 
-        groups = [(stage, group.name) for stage, group in map(plan.lease_group, args.targets.split(","))]
+        groups = [plan.lease_group(name) for name in args.targets.split(",")]
         print("\n".join(group_targets(plan.sweep, groups)))
         return 0
     print(plan.summary())
@@ -176,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], help="plan this device's grid instead of the resolved one")
     p.add_argument("--out-dir", help="write each job's plan file under this folder")
     p.add_argument("--targets", metavar="GROUP[,GROUP...]",
-                   help="print only the Snakemake targets that run these results groups (microbench, or context cost "
-                        "where the sweep has no such microbench group) and record the config")
+                   help="print only the Snakemake targets that run these results groups (microbench, else context cost, "
+                        "else pretraining experiments) and record the config")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("cases", help="print the microbench cases a config expands to")

@@ -171,15 +171,19 @@ class Plan:
                               f"allowed: {', '.join(groups) or 'none'}")
         return groups[name]
 
-    def lease_group(self, name: str) -> tuple[str, Group]:
-        """``(stage, group)`` for a group that ``scripts/lease.sh <sweep>:<group>`` names: a microbench group
-        where the sweep runs that stage, else a context-cost group where it runs the context stage."""
+    def lease_group(self, name: str) -> tuple[str, str]:
+        """``(stage, name)`` for a group that ``scripts/lease.sh <sweep>:<group>`` names: a microbench group
+        where the sweep runs that stage, else a context-cost group where it runs the context stage, else a
+        pretraining experiment where it runs pretraining."""
+        named = {"microbench": lambda: self.groups("microbench"), "context-cost": lambda: self.groups("context-cost"),
+                 "pretrain": lambda: self.pretrain}
         stages = [s for s, runs in (("microbench", "microbench" in self.stages),
-                                    ("context-cost", "context" in self.stages)) if runs]
+                                    ("context-cost", "context" in self.stages),
+                                    ("pretrain", "pretrain" in self.stages)) if runs]
         for stage in stages:
-            if name in self.groups(stage):
-                return stage, self.groups(stage)[name]
-        allowed = [g for stage in stages for g in self.groups(stage)]
+            if name in named[stage]():
+                return stage, name
+        allowed = [g for stage in stages for g in named[stage]()]
         raise ConfigError(f"group={name!r} is not a {' or '.join(stages) or 'results'} group of sweep "
                           f"{self.sweep!r} on {self.device}; allowed: {', '.join(allowed) or 'none'}")
 

@@ -6,9 +6,12 @@
 #
 # Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job, and the report
 # where nbconvert is installed: without it the report is left to `attnbench render` on the machine that commits);
-# <sweep>:<group>,<group> runs only those results groups (results/<sweep>/microbench/<group>.parquet, or a context
-# sweep's results/<sweep>/context/cost/<group>.parquet), the first named first, for a cold machine that should not
-# measure again the groups an earlier lease already brought back.
+# <sweep>:<group>,<group> runs only those results groups (results/<sweep>/microbench/<group>.parquet, a context
+# sweep's results/<sweep>/context/cost/<group>.parquet, or a pretraining experiment's
+# results/<sweep>/pretrain/<experiment>/runs.parquet), the first named first, for a cold machine that should not
+# measure again the groups an earlier lease already brought back. A named pretraining experiment is run again
+# even where its runs file exists (--forcerun pretrain_experiment): a job at its time_limit_s ends with runs
+# `truncated` or `skipped`, and the next call continues them (finished runs are read back, not trained again).
 # The lease is a host without network whose calls are cut after a few minutes: this wrapper only does what the
 # pipeline cannot do for itself.
 #   1. installs the wheel bundles carried in .gpu-wheels/ (../shared/tools/gpu-wheels; docs/reference-runs.md),
@@ -19,7 +22,9 @@
 #   4. runs `snakemake --configfile config/sweeps/<sweep>.yaml`; a cut call leaves a sweep that the next call
 #      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete), and that a cold
 #      machine resumes from the pack of step 5, carried as .gpu-wheels/<sweep>.tar.gz and unpacked first;
-#   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz;
+#   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz (without checkpoints
+#      and weight snapshots, *.pt: a cold machine keeps the finished training runs, restarts the truncated ones,
+#      and cannot compute weight divergence against snapshots it lacks);
 #   6. packs FlashInfer's JIT cache as $OUT/flashinfer-cache.tar.gz (when it fits what a call brings back): carried
 #      in the next cold machine's call as .gpu-wheels/flashinfer-cache.tar.gz, it is unpacked before the sweeps, so
 #      FlashInfer does not compile its kernel variants again (about a minute each).
@@ -59,7 +64,7 @@ fi
 
 pack() {  # 5. what the sweep made (this call's log beside it; the latest Snakemake log of the sweep inside)
   cp "$OUT/$1-snakemake.log" "results/$1/snakemake.log" 2>/dev/null
-  tar -czf "$OUT/$1.tar.gz" --exclude="results/$1/pretrain/*/runs" --exclude="*.pt" \
+  tar -czf "$OUT/$1.tar.gz" --exclude="*.pt" \
     --ignore-failed-read "results/$1" "reports/$1" 2>/dev/null
   ls -la "$OUT/$1.tar.gz" 2>/dev/null
 }
@@ -82,11 +87,12 @@ for spec in "$@"; do
   if [ -f ".gpu-wheels/$sweep.tar.gz" ] && [ ! -d "results/$sweep" ]; then
     tar -xzf ".gpu-wheels/$sweep.tar.gz" "results/$sweep" && echo "=== $sweep: resumed from .gpu-wheels/$sweep.tar.gz"
   fi
-  targets=(); first=()
+  targets=(); first=(); force=()
   if [ "$spec" != "$sweep" ]; then  # the planner checks the group names and names the paths (attnbench plan --targets)
     listed=$(attnbench plan --config "$config" --targets "${spec#*:}") || { echo "=== $sweep: not started" >&2; continue; }
     mapfile -t targets <<< "$listed"
     first=(--prioritize "${targets[0]}")  # the first named group runs first; Snakemake orders the rest
+    [[ $listed == *"/pretrain/"* ]] && force=(--forcerun pretrain_experiment)  # continue truncated experiments
   fi
   left=$(( started + BUDGET_S - SNAKEMAKE_MARGIN_S - $(date +%s) ))
   if [ "$left" -lt $(( JOBS_MARGIN_S + PARSE_S )) ]; then  # every job would only write its not-run rows
@@ -100,7 +106,7 @@ for spec in "$@"; do
   # 4. the sweep (a stale lock from a cut call is released first; incomplete outputs are rerun)
   snakemake --configfile "$config" --unlock >/dev/null 2>&1
   timeout --signal=INT --kill-after=20 "$left" \
-    snakemake "${targets[@]}" --configfile "$config" --cores all --rerun-incomplete "${omit[@]}" "${first[@]}" \
+    snakemake "${targets[@]}" --configfile "$config" --cores all --rerun-incomplete "${omit[@]}" "${first[@]}" "${force[@]}" \
     > "$OUT/$sweep-snakemake.log" 2>&1  # the targets first: --configfile, --omit-from and --prioritize take every word after them
   echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
   grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8

@@ -60,15 +60,16 @@ PUBLISHED = RESULTS + "/wandb/published.json"
 
 
 def group_results(stage: str) -> str:
-    """The results file of one group of a stage whose groups a lease may measure alone (microbench, context cost)."""
-    return {"microbench": MICROBENCH, "context-cost": CONTEXT_COST}[stage]
+    """The results file of one group of a stage whose groups a lease may run alone (microbench, context cost, a
+    pretraining experiment's runs)."""
+    return {"microbench": MICROBENCH, "context-cost": CONTEXT_COST, "pretrain": PRETRAIN_RUNS}[stage]
 
 
 def group_targets(sweep: str, groups: list[tuple[str, str]]) -> list[str]:
-    """Snakemake targets that run only these ``(stage, group)`` results groups of a sweep (microbench or context
-    cost), and record the run's config and versions beside them (a lease that measures again only the groups
-    still missing; scripts/lease.sh)."""
-    return [group_results(stage).format(sweep=sweep, group=g) for stage, g in groups] + \
+    """Snakemake targets that run only these ``(stage, group)`` results groups of a sweep (microbench, context
+    cost or pretraining experiments), and record the run's config and versions beside them (a lease that runs
+    again only the groups still missing; scripts/lease.sh)."""
+    return [group_results(stage).format(sweep=sweep, group=g, experiment=g) for stage, g in groups] + \
         [ENV_CONFIG.format(sweep=sweep), VERSIONS.format(sweep=sweep)]
 
 

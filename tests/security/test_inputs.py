@@ -261,3 +261,18 @@ def test_lease_targets_of_a_context_sweep_are_its_cost_groups_parts(capsys):
     cli_error(["plan", "--config", sweep, "--device", "cuda", "--targets", "prefil"],
               capsys, "group='prefil' is not a context-cost group of sweep 'h200-context' on cuda; "
                       "allowed: decode, fwd")
+
+
+def test_lease_targets_of_a_pretraining_sweep_are_its_experiments_runs(capsys):
+    # `lease.sh h200-pretrain:layouts` trains one experiment alone (and continues it with --forcerun next call)
+    from attnbench.cli import main
+
+    sweep = str(Path(__file__).resolve().parents[2] / "config" / "sweeps" / "h200-pretrain.yaml")
+    capsys.readouterr()
+    assert main(["plan", "--config", sweep, "--device", "cuda", "--targets", "layouts,fp8"]) == 0
+    assert capsys.readouterr().out.split() == [
+        "results/h200-pretrain/pretrain/layouts/runs.parquet", "results/h200-pretrain/pretrain/fp8/runs.parquet",
+        "results/h200-pretrain/env/config.yaml", "results/h200-pretrain/env/versions.json"]
+    cli_error(["plan", "--config", sweep, "--device", "cuda", "--targets", "layout"],
+              capsys, "group='layout' is not a pretrain group of sweep 'h200-pretrain' on cuda; allowed: divergence, "
+                      "lr_sensitivity, fp8, layouts")
