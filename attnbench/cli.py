@@ -176,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], help="plan this device's grid instead of the resolved one")
     p.add_argument("--out-dir", help="write each job's plan file under this folder")
     p.add_argument("--targets", metavar="GROUP[,GROUP...]",
-                   help="print only the Snakemake targets that run these results groups (microbench, else context cost, "
-                        "else pretraining experiments) and record the config")
+                   help="print only the Snakemake targets that run these results groups (microbench, else context "
+                        "cost, else pretraining experiments) and record the config")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("cases", help="print the microbench cases a config expands to")

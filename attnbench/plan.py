@@ -175,16 +175,15 @@ class Plan:
         """``(stage, name)`` for a group that ``scripts/lease.sh <sweep>:<group>`` names: a microbench group
         where the sweep runs that stage, else a context-cost group where it runs the context stage, else a
         pretraining experiment where it runs pretraining."""
-        named = {"microbench": lambda: self.groups("microbench"), "context-cost": lambda: self.groups("context-cost"),
-                 "pretrain": lambda: self.pretrain}
-        stages = [s for s, runs in (("microbench", "microbench" in self.stages),
-                                    ("context-cost", "context" in self.stages),
-                                    ("pretrain", "pretrain" in self.stages)) if runs]
-        for stage in stages:
-            if name in named[stage]():
+        named = {stage: names for stage, runs, names in (("microbench", "microbench", self.microbench),
+                                                         ("context-cost", "context", self.context_cost),
+                                                         ("pretrain", "pretrain", self.pretrain))
+                 if runs in self.stages}
+        for stage, names in named.items():
+            if name in names:
                 return stage, name
-        allowed = [g for stage in stages for g in named[stage]()]
-        raise ConfigError(f"group={name!r} is not a {' or '.join(stages) or 'results'} group of sweep "
+        allowed = [g for names in named.values() for g in names]
+        raise ConfigError(f"group={name!r} is not a {' or '.join(named) or 'results'} group of sweep "
                           f"{self.sweep!r} on {self.device}; allowed: {', '.join(allowed) or 'none'}")
 
     def groups(self, stage: str) -> dict[str, Group]:

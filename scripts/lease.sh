@@ -106,8 +106,9 @@ for spec in "$@"; do
   # 4. the sweep (a stale lock from a cut call is released first; incomplete outputs are rerun)
   snakemake --configfile "$config" --unlock >/dev/null 2>&1
   timeout --signal=INT --kill-after=20 "$left" \
-    snakemake "${targets[@]}" --configfile "$config" --cores all --rerun-incomplete "${omit[@]}" "${first[@]}" "${force[@]}" \
-    > "$OUT/$sweep-snakemake.log" 2>&1  # the targets first: --configfile, --omit-from and --prioritize take every word after them
+    snakemake "${targets[@]}" --configfile "$config" --cores all --rerun-incomplete \
+      "${omit[@]}" "${first[@]}" "${force[@]}" \
+    > "$OUT/$sweep-snakemake.log" 2>&1  # the targets first: --configfile, --omit-from, --prioritize and --forcerun take every word after them
   echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
   grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8
   # "N of N steps done" counts a job that wrote only not-run rows at the deadline: the rows say what ran

@@ -12,9 +12,9 @@ rows in ``results/reference/<gpu>/<folder>/microbench.parquet`` (a context sweep
   :mod:`attnbench.workflow.resume`) is refused, so a reference never holds "not run" rows that a resume would fill;
 * rows from a tree with uncommitted changes (``git_sha`` ``<sha>-dirty``) or without git are refused;
 * the other groups' rows are kept as they are; the merged table is validated and written atomically;
-* the pack's Snakemake log becomes ``snakemake-<n>.log``, one past the folder's highest, its ``env/`` becomes ``env-<sha>/`` and
-  the GPU record (``--gpu``, the call's ``$OUT/gpu.txt``) ``gpu-<sha>.txt``; each group's Snakemake benchmark
-  replaces ``benchmarks/microbench/<group>.tsv`` (``benchmarks/context-cost/<group>.tsv``);
+* the pack's Snakemake log becomes ``snakemake-<n>.log``, one past the folder's highest, its ``env/`` becomes
+  ``env-<sha>/`` and the GPU record (``--gpu``, the call's ``$OUT/gpu.txt``) ``gpu-<sha>.txt``; each group's
+  Snakemake benchmark replaces ``benchmarks/microbench/<group>.tsv`` (``benchmarks/context-cost/<group>.tsv``);
 * a context folder's tables are then stale: ``attnbench reference sweep`` writes them again.
 
 The pack is unpacked into a temporary folder first, member by member checked: only regular files and folders
@@ -112,7 +112,8 @@ def _commit(rows: pd.DataFrame, source: str) -> str:
 
 
 def _next_log(folder: Path) -> Path:
-    """The log after the folder's latest (one past the highest ``snakemake-<n>.log``), so the numbers keep call order."""
+    """The log after the folder's latest (one past the highest ``snakemake-<n>.log``): the numbers keep call
+    order."""
     if not (folder / "snakemake.log").exists():
         return folder / "snakemake.log"
     taken = [int(m.group(1)) for log in folder.glob("snakemake-*.log")

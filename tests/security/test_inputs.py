@@ -247,32 +247,22 @@ def test_lease_targets_are_the_groups_outputs_and_the_runs_config(config_file, c
         "results/sec/microbench/g.parquet", "results/sec/env/config.yaml", "results/sec/env/versions.json"]
 
 
-def test_lease_targets_of_a_context_sweep_are_its_cost_groups_parts(capsys):
+@pytest.mark.parametrize("sweep, targets, paths, bad, error", [
     # h200-context runs no microbench: `lease.sh h200-context:fwd,unfused` measures those cost groups alone
-    from attnbench.cli import main
-
-    sweep = str(Path(__file__).resolve().parents[2] / "config" / "sweeps" / "h200-context.yaml")
-    capsys.readouterr()
-    assert main(["plan", "--config", sweep, "--device", "cuda",
-                 "--targets", "fwd,unfused"]) == 0
-    assert capsys.readouterr().out.split() == [
-        "results/h200-context/context/cost/fwd.parquet", "results/h200-context/context/cost/unfused.parquet",
-        "results/h200-context/env/config.yaml", "results/h200-context/env/versions.json"]
-    cli_error(["plan", "--config", sweep, "--device", "cuda", "--targets", "prefil"],
-              capsys, "group='prefil' is not a context-cost group of sweep 'h200-context' on cuda; "
-                      "allowed: decode, fwd")
-
-
-def test_lease_targets_of_a_pretraining_sweep_are_its_experiments_runs(capsys):
+    ("h200-context", "fwd,unfused", ["context/cost/fwd.parquet", "context/cost/unfused.parquet"], "prefil",
+     "group='prefil' is not a context-cost group of sweep 'h200-context' on cuda; allowed: decode, fwd"),
     # `lease.sh h200-pretrain:layouts` trains one experiment alone (and continues it with --forcerun next call)
+    ("h200-pretrain", "layouts,fp8", ["pretrain/layouts/runs.parquet", "pretrain/fp8/runs.parquet"], "layout",
+     "group='layout' is not a pretrain group of sweep 'h200-pretrain' on cuda; allowed: divergence, "
+     "lr_sensitivity, fp8, layouts"),
+], ids=["context-cost", "pretrain"])
+def test_lease_targets_of_a_sweep_without_microbench_are_its_other_stages_groups(capsys, sweep, targets, paths, bad,
+                                                                                 error):
     from attnbench.cli import main
 
-    sweep = str(Path(__file__).resolve().parents[2] / "config" / "sweeps" / "h200-pretrain.yaml")
+    config = str(Path(__file__).resolve().parents[2] / "config" / "sweeps" / f"{sweep}.yaml")
     capsys.readouterr()
-    assert main(["plan", "--config", sweep, "--device", "cuda", "--targets", "layouts,fp8"]) == 0
-    assert capsys.readouterr().out.split() == [
-        "results/h200-pretrain/pretrain/layouts/runs.parquet", "results/h200-pretrain/pretrain/fp8/runs.parquet",
-        "results/h200-pretrain/env/config.yaml", "results/h200-pretrain/env/versions.json"]
-    cli_error(["plan", "--config", sweep, "--device", "cuda", "--targets", "layout"],
-              capsys, "group='layout' is not a pretrain group of sweep 'h200-pretrain' on cuda; allowed: divergence, "
-                      "lr_sensitivity, fp8, layouts")
+    assert main(["plan", "--config", config, "--device", "cuda", "--targets", targets]) == 0
+    assert capsys.readouterr().out.split() == [f"results/{sweep}/{p}" for p in paths] + [
+        f"results/{sweep}/env/config.yaml", f"results/{sweep}/env/versions.json"]
+    cli_error(["plan", "--config", config, "--device", "cuda", "--targets", bad], capsys, error)
