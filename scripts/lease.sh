@@ -23,8 +23,9 @@
 #      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete), and that a cold
 #      machine resumes from the pack of step 5, carried as .gpu-wheels/<sweep>.tar.gz and unpacked first;
 #   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz (without checkpoints
-#      and weight snapshots, *.pt: a cold machine keeps the finished training runs, restarts the truncated ones,
-#      and cannot compute weight divergence against snapshots it lacks);
+#      and weight snapshots, *.pt: a cold machine keeps the finished training runs and the weight divergence rows
+#      computed so far, restarts the truncated runs, and trains again the finished runs whose snapshots a
+#      divergence pair still needs);
 #   6. packs FlashInfer's JIT cache as $OUT/flashinfer-cache.tar.gz (when it fits what a call brings back): carried
 #      in the next cold machine's call as .gpu-wheels/flashinfer-cache.tar.gz, it is unpacked before the sweeps, so
 #      FlashInfer does not compile its kernel variants again (about a minute each).

@@ -266,6 +266,8 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     and ``numerics.parquet``, for fp8 ``fp8_layers.parquet``. With the job's ``time_limit_s``, runs
     still going at the limit end ``truncated`` (and resume next time); runs not started by then are
     ``skipped`` rows. With ``compile_fallback``, a compiled run that raises is run again uncompiled.
+    Divergence rows whose snapshots are gone are kept (:func:`_earlier_divergence`); a finished run whose
+    snapshots a pair still needs trains again (:func:`_runs_to_train_again`).
     """
     out = Path(out_dir)
     name, device = job["experiment"], job["device"]
@@ -275,6 +277,8 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     limit = job.get("time_limit_s")
     deadline = time.monotonic() + limit if limit else None
     summaries, steps, layers = [], [], []
+    earlier = _earlier_divergence(specs, out) if name == "divergence" else {}
+    again = _runs_to_train_again(specs, out, earlier, to_train) if name == "divergence" else set()
     for spec in specs:
         folder = run_dir(out, spec)
         if spec.name not in to_train:
@@ -290,7 +294,7 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
             peak, source = peak_flops_for(device, precision.matmul_dtype, cache)
             print(f"attnbench experiment {name}: {spec.name}", file=sys.stderr, flush=True)
             summaries.append(_train_guarded(spec, folder, device, peak, source, progress, deadline,
-                                            job.get("compile_fallback", False)))
+                                            job.get("compile_fallback", False), spec.name in again))
         for file, into in (("steps.parquet", steps), ("fp8_layers.parquet", layers)):
             if summaries[-1].get("status") in TRAINED and (folder / file).is_file():
                 into.append(pd.read_parquet(folder / file).assign(**{k: str(v) for k, v in spec.tags.items()}))
@@ -301,7 +305,7 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     frames = {"runs": pd.DataFrame(summaries),
               "steps": pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()}
     if name == "divergence":
-        frames["divergence"] = divergence_frame(specs, out, device)
+        frames["divergence"] = divergence_frame(specs, out, device, earlier)
         frames["numerics"] = numerics_frame(specs, device)
     if name == "fp8":
         frames["fp8_layers"] = pd.concat(layers, ignore_index=True) if layers else pd.DataFrame()
@@ -311,9 +315,10 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
 
 
 def _train_guarded(spec: RunSpec, folder: Path, device: str, peak: float, source: str, progress: bool,
-                   deadline: float | None, compile_fallback: bool) -> dict:
+                   deadline: float | None, compile_fallback: bool, again: bool = False) -> dict:
     """One run; an exception is a summary row (a failing run never ends the experiment)."""
-    kwargs = {"peak_flops": peak, "peak_flops_source": source, "progress": progress, "deadline": deadline}
+    kwargs = {"peak_flops": peak, "peak_flops_source": source, "progress": progress, "deadline": deadline,
+              "again": again}
     try:
         try:
             return train(spec, folder, device, **kwargs)
@@ -336,7 +341,8 @@ def _train_guarded(spec: RunSpec, folder: Path, device: str, peak: float, source
 ARM_OF_ROLE = {"reference": "kernel", "kernel": "kernel", "replicate": "replicate", "precision": "precision",
                "init_seed": "init_seed", "data_order": "data_order"}
 ARMS = ("replicate", "kernel", "precision", "init_seed", "data_order")
-DIVERGENCE_COLUMNS = ["arm", "label", "reference", "variant", "seed", "step", *stability.DIVERGENCE_METRICS]
+DIVERGENCE_COLUMNS = ["arm", "label", "reference", "variant", "seed", "step", *stability.DIVERGENCE_METRICS,
+                      "config_hash", "reference_config_hash"]
 
 
 def _label(arm: str, variant: str, reference: str, row: dict, ref_row: dict) -> str:
@@ -373,19 +379,81 @@ def _spec_rows(specs: list[RunSpec]) -> list[dict]:
     return [{"run": s.name, **s.tags, "precision": s.train.precision} for s in specs]
 
 
-def divergence_frame(specs: list[RunSpec], out: Path, device: str = "cpu") -> pd.DataFrame:
-    """Weight divergence of every pair (:func:`divergence_pairs`) at each snapshot both runs saved (on ``device``)."""
+def _identity(spec: RunSpec, out: Path) -> str | None:
+    """The identity hash (:func:`attnbench.train.loop.run_identity`) a run's ``run.json`` records, None before it
+    first trained."""
+    path = run_dir(out, spec) / "run.json"
+    return json.loads(path.read_text()).get("config_hash") if path.is_file() else None
+
+
+def _key(pair: dict, step) -> tuple:
+    """One divergence row's identity: a swap run (variant, seed) against its reference at a snapshot step."""
+    return pair["variant"], pair["reference"], int(pair["seed"]), int(step)
+
+
+def _snapshot(spec: RunSpec, out: Path, step: int) -> Path:
+    return run_dir(out, spec) / "snapshots" / f"{step}.pt"
+
+
+def _earlier_divergence(specs: list[RunSpec], out: Path) -> dict[tuple, dict]:
+    """The rows of the experiment's ``divergence.parquet`` whose two runs still have the identity hashes they were
+    computed from, by (variant, reference, seed, step). Snapshots (43 MB each at the GPU scale) stay on the machine
+    that trained the runs, and a lease's pack leaves them out, so these rows are what a sweep continued on another
+    machine keeps of the pairs it cannot compute again."""
+    path = out / "divergence.parquet"
+    if not path.is_file():
+        return {}
+    frame = pd.read_parquet(path)
+    if not {"config_hash", "reference_config_hash"} <= set(frame.columns):
+        return {}  # rows of a layout that did not record their runs: nothing to check them against
+    by_name = {s.name: s for s in specs}
+    pairs = {(p["variant"], p["reference"], p["seed"]): p for p in divergence_pairs(_spec_rows(specs))}
+    kept = {}
+    for row in frame.to_dict("records"):
+        key = _key(row, row["step"])
+        pair = pairs.get(key[:3])
+        if pair and (row["config_hash"], row["reference_config_hash"]) == (
+                _identity(by_name[pair["run"]], out), _identity(by_name[pair["reference_run"]], out)):
+            kept[key] = row
+    return kept
+
+
+def _runs_to_train_again(specs: list[RunSpec], out: Path, earlier: dict[tuple, dict], to_train: set[str]) -> set[str]:
+    """Finished runs to train again, from step 0: those whose snapshot at a step is gone (left on the machine that
+    trained them) while a pair of runs both trained now or ``ok`` has no row at that step. A pair with a run that
+    failed, diverged or is not selected now is left as it is."""
+    by_name = {s.name: s for s in specs}
+    status = {s.name: (_finished(s, run_dir(out, s)) or {}).get("status") for s in specs}
+    again = set()
+    for pair in divergence_pairs(_spec_rows(specs)):
+        runs = (pair["run"], pair["reference_run"])
+        if not all(r in to_train and status[r] in ("ok", "truncated", None) for r in runs):
+            continue
+        for step in by_name[pair["reference_run"]].train.snapshot_steps:
+            if _key(pair, step) not in earlier:
+                again.update(r for r in runs if status[r] == "ok" and not _snapshot(by_name[r], out, step).is_file())
+    return again
+
+
+def divergence_frame(specs: list[RunSpec], out: Path, device: str = "cpu",
+                     earlier: dict[tuple, dict] | None = None) -> pd.DataFrame:
+    """Weight divergence of every pair (:func:`divergence_pairs`) at each snapshot both runs saved (on ``device``),
+    with both runs' identity hashes; at a step whose snapshots are gone, the ``earlier`` row
+    (:func:`_earlier_divergence`) where there is one."""
     by_name = {s.name: s for s in specs}
     load = functools.lru_cache(maxsize=16)(load_weights)  # references recur; weights only, never code
     rows = []
     for pair in sorted(divergence_pairs(_spec_rows(specs)), key=lambda p: p["reference_run"]):
         ref, other = by_name[pair["reference_run"]], by_name[pair["run"]]
+        hashes = {"config_hash": _identity(other, out), "reference_config_hash": _identity(ref, out)}
         for step in ref.train.snapshot_steps:
-            a, b = (run_dir(out, s) / "snapshots" / f"{step}.pt" for s in (ref, other))
-            if not (a.is_file() and b.is_file()):
-                continue
-            div = stability.weight_divergence(load(a), load(b), device)
-            rows.append({k: pair[k] for k in ("arm", "label", "reference", "variant", "seed")} | {"step": step, **div})
+            a, b = (_snapshot(s, out, step) for s in (ref, other))
+            if a.is_file() and b.is_file():
+                div = stability.weight_divergence(load(a), load(b), device)
+                rows.append({k: pair[k] for k in ("arm", "label", "reference", "variant", "seed")}
+                            | {"step": step, **div, **hashes})
+            elif _key(pair, step) in (earlier or {}):
+                rows.append(earlier[_key(pair, step)])
     return pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS)
 
 

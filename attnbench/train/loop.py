@@ -375,7 +375,8 @@ class Run:
 
 def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops: float | None = None,
           peak_flops_source: str = "", progress: bool = True, deadline: float | None = None,
-          data: BatchSource | None = None, init_state: dict[str, torch.Tensor] | None = None) -> dict:
+          data: BatchSource | None = None, init_state: dict[str, torch.Tensor] | None = None,
+          again: bool = False) -> dict:
     """Train ``spec`` into ``out_dir`` (resuming if a checkpoint is there); return the summary.
 
     ``deadline`` (a ``time.monotonic()`` value) ends the run early with status
@@ -383,7 +384,9 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
     ``peak_flops`` is the measured matmul ceiling for this precision (MFU is NaN without it),
     ``peak_flops_source`` says where it was measured. ``data`` replaces the batches of
     ``spec.data`` (any :class:`~attnbench.train.data.BatchSource`); ``init_state`` is a state
-    dict the model starts from instead of ``init_seed``'s initialisation (a fine-tune).
+    dict the model starts from instead of ``init_seed``'s initialisation (a fine-tune). ``again``
+    trains from step 0 even where a summary or checkpoint of this config is there (a run whose
+    weight snapshots were left behind on another machine).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -392,7 +395,7 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
     identity = run_identity(spec, data, init_sha)
     if summary_path.is_file():
         done = json.loads(summary_path.read_text())
-        if done.get("config_hash") == identity and done.get("status") != "truncated":
+        if done.get("config_hash") == identity and done.get("status") != "truncated" and not again:
             return done
     _write_json({**spec.to_dict(), "config_hash": identity, "init_sha256": init_sha}, out / "run.json")
     started = time.perf_counter()
@@ -406,7 +409,7 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
             "init_sha256": init_sha or ""}
     ckpt_path = out / "ckpt.pt"
     ckpt = resume_checkpoint(ckpt_path, CHECKPOINT_KEYS, map_location=device)  # weights_only; a bad one: start over
-    if ckpt is not None and ckpt.get("config_hash") != identity:
+    if ckpt is not None and (ckpt.get("config_hash") != identity or again):
         ckpt = None  # a checkpoint of another config: start over
     try:
         run.build(ckpt["backend"] if ckpt else None, init_state if ckpt is None else None)

@@ -240,3 +240,51 @@ def _rendered(experiment: str, exp_dir, out) -> set[str]:
 
     index = write_stage("pretrain", build({experiment: exp_dir}), out)
     return {Path(f).name for entry in index["tables"] + index["figures"] for f in entry["files"].values()}
+
+
+def test_divergence_continued_on_another_machine_keeps_its_rows_and_retrains_only_runs_a_pair_needs(tmp_path,
+                                                                                                      monkeypatch):
+    config = _tiny_config(divergence={"references": ["sdpa-math"], "kernels": ["sdpa-flash"], "swap_precisions": [],
+                                      "seeds": [0, 1], "snapshots": 2})
+    config["pretrain"]["select"] = {"experiments": ["divergence"], "runs": ["divergence/*/s0"]}
+    out = tmp_path / "exp"
+    trained = []
+    real_train = ex.train
+    monkeypatch.setattr(ex, "train", lambda spec, *a, **kw: trained.append((spec.name, kw["again"])) or
+                        real_train(spec, *a, **kw))
+
+    def run():
+        trained.clear()
+        return ex.run_experiment(_job(config, "divergence"), out, progress=False, peak_cache=dict(PEAKS))
+
+    def lose_snapshots():  # what a lease's pack leaves behind: everything but *.pt
+        for path in out.rglob("*.pt"):
+            path.unlink()
+
+    def written():  # when each trained run last wrote its step log
+        return {p.parent.relative_to(out).as_posix(): p.stat().st_mtime_ns for p in out.rglob("steps.parquet")
+                if p.parent != out}
+
+    first = run()["divergence"]
+    assert set(first["seed"]) == {0} and first["config_hash"].notna().all()
+    before = written()
+    lose_snapshots()
+    config["pretrain"]["select"]["runs"] = ["divergence/*"]  # seed 1 on a machine without seed 0's snapshots
+    frames = run()
+    assert not any(flag for _, flag in trained)
+    assert {k: v for k, v in written().items() if k in before} == before  # seed 0 was not trained again
+    div = frames["divergence"]
+    cols = ["arm", "variant", "seed", "step", "max_abs", "rel_l2", "w1_mean"]
+    pd.testing.assert_frame_equal(div[div["seed"] == 0][cols].reset_index(drop=True), first[cols])  # kept, not lost
+    assert set(div["seed"]) == {0, 1} and len(div) == 2 * len(first)
+
+    lose_snapshots()
+    (out / "divergence.parquet").unlink()  # no rows and no snapshots: the finished runs a pair needs train again
+    before = written()
+    again = run()
+    retrained = {name for name, flag in trained if flag}
+    ok = set(again["runs"].loc[again["runs"]["status"] == "ok", "run"])
+    assert retrained == ok and all(written()[k] > before[k] for k in before)
+    cols = ["arm", "variant", "seed", "step", "rel_l2"]
+    pd.testing.assert_frame_equal(again["divergence"][cols].sort_values(cols[:4]).reset_index(drop=True),
+                                  div[cols].sort_values(cols[:4]).reset_index(drop=True))  # CPU runs repeat exactly
