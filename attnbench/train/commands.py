@@ -88,8 +88,11 @@ def _cmd_experiment(args) -> int:
 
     job = read_job(args.job, ("pretrain",))
     _threads(job["device"], args.threads or job["threads"])
+    from attnbench.envvars import check_environment
+
     frames = ex.run_experiment(job, args.out, progress=not args.no_progress,
-                               peak_cache=_peak_cache(args, job["device"]))
+                               peak_cache=_peak_cache(args, job["device"]),
+                               stop_at=check_environment()["ATTNBENCH_DEADLINE"])  # a lease's deadline
     runs = frames["runs"]
     cols = [c for c in ("run", "status", "final_val_loss", "spike_score_olmo_core_any", "tokens_per_s",
                         "tokens_per_s_iqr", "mfu", "gpu_sharing") if c in runs]

@@ -256,18 +256,20 @@ def _finished(spec: RunSpec, folder: Path) -> dict | None:
 
 
 def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
-                   peak_cache: dict | None = None) -> dict[str, pd.DataFrame]:
+                   peak_cache: dict | None = None, stop_at: float | None = None) -> dict[str, pd.DataFrame]:
     """Train the job's selected runs (``plan/pretrain/<experiment>.json``: ``runs``, and ``train``, the names to
     train now), then write the frames of every run of the experiment.
 
     Finished runs are kept and killed ones resume. A run not selected enters the frames if an earlier
     sweep finished it with the same config, else as a ``skipped`` row. Writes ``steps.parquet`` (every
     run's step log), ``runs.parquet`` (one summary per run) and, for divergence, ``divergence.parquet``
-    and ``numerics.parquet``, for fp8 ``fp8_layers.parquet``. With the job's ``time_limit_s``, runs
-    still going at the limit end ``truncated`` (and resume next time); runs not started by then are
-    ``skipped`` rows. With ``compile_fallback``, a compiled run that raises is run again uncompiled.
-    Divergence rows whose snapshots are gone are kept (:func:`_earlier_divergence`); a finished run whose
-    snapshots a pair still needs trains again (:func:`_runs_to_train_again`).
+    and ``numerics.parquet``, for fp8 ``fp8_layers.parquet``. With the job's ``time_limit_s``, or at
+    ``stop_at`` (Unix time: the sweep's deadline) if that comes first, runs still going end ``truncated``
+    (and resume next time); runs not started by then are ``skipped`` rows. With ``compile_fallback``, a
+    compiled run that raises is run again uncompiled. Divergence writes its numerics before the first run
+    and its weight divergence after every run it trains, so a job stopped from outside keeps them; rows
+    whose snapshots are gone are kept (:func:`_earlier_divergence`), and a finished run whose snapshots a
+    pair still needs trains again (:func:`_runs_to_train_again`).
     """
     out = Path(out_dir)
     name, device = job["experiment"], job["device"]
@@ -275,10 +277,15 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     to_train = set(job.get("train", [s.name for s in specs]))
     cache = {} if peak_cache is None else peak_cache  # matmul ceilings, measured once per process
     limit = job.get("time_limit_s")
-    deadline = time.monotonic() + limit if limit else None
+    ends = [time.monotonic() + t for t in (limit, None if stop_at is None else stop_at - time.time()) if t is not None]
+    deadline = min(ends) if ends else None
     summaries, steps, layers = [], [], []
-    earlier = _earlier_divergence(specs, out) if name == "divergence" else {}
-    again = _runs_to_train_again(specs, out, earlier, to_train) if name == "divergence" else set()
+    frames, divergence, again = {}, {}, set()
+    if name == "divergence":
+        out.mkdir(parents=True, exist_ok=True)
+        frames["numerics"] = _numerics(specs, out, device)
+        divergence = _earlier_divergence(specs, out)
+        again = _runs_to_train_again(specs, out, divergence, to_train)
     for spec in specs:
         folder = run_dir(out, spec)
         if spec.name not in to_train:
@@ -288,13 +295,20 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
         elif deadline is not None and time.monotonic() > deadline:
             summaries.append(_finished(spec, folder) or {
                 "run": spec.name, **spec.tags, "status": "skipped",
-                "reason": f"not started: the experiment's time_limit_s={limit:g} had passed"})
+                "reason": "not started: the experiment's time limit (time_limit_s, or the sweep's deadline) "
+                          "had passed"})
         else:
             precision = get_precision(spec.train.precision)
             peak, source = peak_flops_for(device, precision.matmul_dtype, cache)
             print(f"attnbench experiment {name}: {spec.name}", file=sys.stderr, flush=True)
+            before = _finished(spec, folder)
             summaries.append(_train_guarded(spec, folder, device, peak, source, progress, deadline,
-                                            job.get("compile_fallback", False), spec.name in again))
+                                            job.get("compile_fallback", False),
+                                            name == "divergence" and spec.name in again))
+            if name == "divergence" and (before is None or before.get("status") == "truncated"
+                                         or spec.name in again):
+                update_divergence(specs, out, device, divergence, fresh=spec.name)
+                write_atomic(divergence_table(divergence), out / "divergence.parquet")
         for file, into in (("steps.parquet", steps), ("fp8_layers.parquet", layers)):
             if summaries[-1].get("status") in TRAINED and (folder / file).is_file():
                 into.append(pd.read_parquet(folder / file).assign(**{k: str(v) for k, v in spec.tags.items()}))
@@ -302,11 +316,10 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     if pending:
         print(f"attnbench experiment {name}: {pending} of {len(specs)} runs are skipped or truncated; finished runs "
               "are kept, so running the job again (with these runs selected) continues them", file=sys.stderr)
-    frames = {"runs": pd.DataFrame(summaries),
-              "steps": pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()}
+    frames.update({"runs": pd.DataFrame(summaries),
+                   "steps": pd.concat(steps, ignore_index=True) if steps else pd.DataFrame()})
     if name == "divergence":
-        frames["divergence"] = divergence_frame(specs, out, device, earlier)
-        frames["numerics"] = numerics_frame(specs, device)
+        frames["divergence"] = divergence_table(update_divergence(specs, out, device, divergence))
     if name == "fp8":
         frames["fp8_layers"] = pd.concat(layers, ignore_index=True) if layers else pd.DataFrame()
     for key, frame in frames.items():
@@ -435,26 +448,30 @@ def _runs_to_train_again(specs: list[RunSpec], out: Path, earlier: dict[tuple, d
     return again
 
 
-def divergence_frame(specs: list[RunSpec], out: Path, device: str = "cpu",
-                     earlier: dict[tuple, dict] | None = None) -> pd.DataFrame:
-    """Weight divergence of every pair (:func:`divergence_pairs`) at each snapshot both runs saved (on ``device``),
-    with both runs' identity hashes; at a step whose snapshots are gone, the ``earlier`` row
-    (:func:`_earlier_divergence`) where there is one."""
+def update_divergence(specs: list[RunSpec], out: Path, device: str, rows: dict[tuple, dict],
+                      fresh: str | None = None) -> dict[tuple, dict]:
+    """Add to ``rows`` (by :func:`_key`) the weight divergence at each snapshot step both runs of a pair saved
+    (on ``device``), with both runs' identity hashes: every step of the pairs of run ``fresh`` (just trained, so
+    its earlier rows are replaced), and the steps ``rows`` lacks of every other pair. Returns ``rows``."""
     by_name = {s.name: s for s in specs}
     load = functools.lru_cache(maxsize=16)(load_weights)  # references recur; weights only, never code
-    rows = []
     for pair in sorted(divergence_pairs(_spec_rows(specs)), key=lambda p: p["reference_run"]):
         ref, other = by_name[pair["reference_run"]], by_name[pair["run"]]
+        renew = fresh in (ref.name, other.name)
         hashes = {"config_hash": _identity(other, out), "reference_config_hash": _identity(ref, out)}
         for step in ref.train.snapshot_steps:
             a, b = (_snapshot(s, out, step) for s in (ref, other))
-            if a.is_file() and b.is_file():
+            if (renew or _key(pair, step) not in rows) and a.is_file() and b.is_file():
                 div = stability.weight_divergence(load(a), load(b), device)
-                rows.append({k: pair[k] for k in ("arm", "label", "reference", "variant", "seed")}
-                            | {"step": step, **div, **hashes})
-            elif _key(pair, step) in (earlier or {}):
-                rows.append(earlier[_key(pair, step)])
-    return pd.DataFrame(rows, columns=DIVERGENCE_COLUMNS)
+                rows[_key(pair, step)] = ({k: pair[k] for k in ("arm", "label", "reference", "variant", "seed")}
+                                          | {"step": step, **div, **hashes})
+    return rows
+
+
+def divergence_table(rows: dict[tuple, dict]) -> pd.DataFrame:
+    """``divergence.parquet``: the rows of :func:`update_divergence`, by reference, variant, seed and step."""
+    frame = pd.DataFrame(list(rows.values()), columns=DIVERGENCE_COLUMNS)
+    return frame.sort_values(["reference", "variant", "seed", "step"], ignore_index=True)
 
 
 def _loss(steps: pd.DataFrame, run: str) -> pd.Series:
@@ -469,7 +486,7 @@ def loss_divergence_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
 
     Every swap but the data-order swap sees the reference's batches in the reference's order, so the
     per-step difference of training loss isolates what the swap changed, at the resolution of the loss
-    rather than the weights (compared at snapshots by :func:`divergence_frame`).
+    rather than the weights (compared at snapshots by :func:`update_divergence`).
     """
     cols = ["arm", "label", "reference", "variant", "seed", "status", "reason", "steps_compared", "final_val_loss",
             "val_loss_gap", "train_loss_gap_rms", "train_loss_gap_max"]
@@ -523,6 +540,21 @@ def divergence_summary(div: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
     order = {a: i for i, a in enumerate(ARMS)}
     frame = frame.assign(_o=frame["arm"].map(order).fillna(len(ARMS)))
     return frame.sort_values(["_o", "label"], kind="stable").drop(columns="_o")
+
+
+def _numerics(specs: list[RunSpec], out: Path, device: str) -> pd.DataFrame:
+    """The experiment's ``numerics.parquet`` where an earlier job wrote every (backend, dtype) it needs, else
+    :func:`numerics_frame`, written at once (a job stopped from outside keeps it)."""
+    path = out / "numerics.parquet"
+    backends = {s.model.backend for s in specs if s.tags.get("role") in ("reference", "kernel")}
+    dtypes = {s.train.precision for s in specs} & {"fp32", "fp16", "bf16"}
+    if path.is_file():
+        earlier = pd.read_parquet(path)
+        if set(zip(earlier["backend"], earlier["dtype"])) >= {(b, d) for b in backends for d in dtypes}:
+            return earlier
+    frame = numerics_frame(specs, device)
+    write_atomic(frame, path)
+    return frame
 
 
 def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:

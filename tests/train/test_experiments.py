@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import json
 import math
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -288,3 +289,43 @@ def test_divergence_continued_on_another_machine_keeps_its_rows_and_retrains_onl
     cols = ["arm", "variant", "seed", "step", "rel_l2"]
     pd.testing.assert_frame_equal(again["divergence"][cols].sort_values(cols[:4]).reset_index(drop=True),
                                   div[cols].sort_values(cols[:4]).reset_index(drop=True))  # CPU runs repeat exactly
+
+
+def test_divergence_stopped_from_outside_keeps_its_numerics_and_the_pairs_it_finished(tmp_path, monkeypatch):
+    config = _tiny_config(divergence={"references": ["sdpa-math"], "kernels": ["sdpa-flash"], "swap_precisions": [],
+                                      "seeds": [0], "snapshots": 2})
+    out = tmp_path / "exp"
+    real_train, calls = ex.train, []
+
+    def killed_at_the_third_run(spec, *a, **kw):
+        calls.append(spec.name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the lease's timeout: not an error row, the end of the job
+        return real_train(spec, *a, **kw)
+
+    monkeypatch.setattr(ex, "train", killed_at_the_third_run)
+    with pytest.raises(KeyboardInterrupt):
+        ex.run_experiment(_job(config, "divergence"), out, progress=False, peak_cache=dict(PEAKS))
+    assert not (out / "runs.parquet").exists()
+    assert set(pd.read_parquet(out / "numerics.parquet")["backend"]) == {"sdpa-math", "sdpa-flash"}
+    kept = pd.read_parquet(out / "divergence.parquet")
+    assert set(kept["label"]) == {"sdpa-flash vs sdpa-math"} and set(kept["step"]) == {0, 4, 8}
+
+    for path in out.rglob("*.pt"):  # continued on another machine
+        path.unlink()
+    calls.clear()
+    monkeypatch.setattr(ex, "train", real_train)
+    frames = ex.run_experiment(_job(config, "divergence"), out, progress=False, peak_cache=dict(PEAKS),
+                               stop_at=time.time() + 3600)
+    div = frames["divergence"]
+    assert set(div["arm"]) == {"kernel", "replicate", "init_seed", "data_order"} and div["rel_l2"].notna().all()
+    cols = ["variant", "step", "max_abs", "rel_l2"]
+    pd.testing.assert_frame_equal(div[div["variant"] == "sdpa-flash"][cols].reset_index(drop=True), kept[cols])
+
+
+def test_an_experiment_honours_the_sweep_deadline(tmp_path):
+    config = _tiny_config()
+    frames = ex.run_experiment(_job(config, "layouts"), tmp_path / "exp", progress=False, peak_cache=dict(PEAKS),
+                               stop_at=time.time() - 1)
+    runs = frames["runs"]
+    assert (runs["status"] == "skipped").all() and runs["reason"].str.contains("sweep's deadline").all()
