@@ -542,24 +542,32 @@ def divergence_summary(div: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["_o", "label"], kind="stable").drop(columns="_o")
 
 
+def _numerics_cases(specs: list[RunSpec]) -> list[tuple[str, str]]:
+    """The (backend, precision) pairs the divergence runs trained with (the precision swaps train only their
+    reference), in plan order."""
+    return list(dict.fromkeys((s.model.backend, s.train.precision) for s in specs
+                              if s.train.precision in ("fp32", "fp16", "bf16")))
+
+
 def _numerics(specs: list[RunSpec], out: Path, device: str) -> pd.DataFrame:
-    """The experiment's ``numerics.parquet`` where an earlier job wrote every (backend, dtype) it needs, else
-    :func:`numerics_frame`, written at once (a job stopped from outside keeps it)."""
+    """The experiment's ``numerics.parquet`` where an earlier job wrote every (backend, dtype) it needs (those
+    rows), else :func:`numerics_frame`, written at once (a job stopped from outside keeps it)."""
     path = out / "numerics.parquet"
-    backends = {s.model.backend for s in specs if s.tags.get("role") in ("reference", "kernel")}
-    dtypes = {s.train.precision for s in specs} & {"fp32", "fp16", "bf16"}
+    needed = _numerics_cases(specs)
     if path.is_file():
         earlier = pd.read_parquet(path)
-        if set(zip(earlier["backend"], earlier["dtype"])) >= {(b, d) for b in backends for d in dtypes}:
-            return earlier
+        have = list(zip(earlier["backend"], earlier["dtype"]))
+        if set(have) >= set(needed):
+            return earlier[[pair in set(needed) for pair in have]].reset_index(drop=True)
     frame = numerics_frame(specs, device)
     write_atomic(frame, path)
     return frame
 
 
 def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:
-    """Each divergence backend's output and gradient error against fp64 at the model's attention shape, in every
-    precision the runs used (same inputs for every backend)."""
+    """Each divergence backend's output and gradient error against fp64 at the model's attention shape, in each
+    precision its runs trained in (:func:`_numerics_cases`; the same inputs for every backend); a backend that
+    cannot run a case is a row with the reason."""
     from attnbench.bench.numerics import baselines, check_numerics
     from attnbench.kernels.registry import get_backend, safe_available
     from attnbench.models.gpt import GPT
@@ -567,13 +575,12 @@ def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:
     ref = specs[0]
     with torch.device("meta"):
         attn = GPT(dataclasses.replace(ref.model, backend="sdpa-math")).blocks[0].attn
-    backends = list(dict.fromkeys(s.model.backend for s in specs if s.tags.get("role") in ("reference", "kernel")))
-    precisions = sorted({s.train.precision for s in specs} & {"fp32", "fp16", "bf16"})
+    cases = _numerics_cases(specs)
     rows = []
-    for precision in precisions:
+    for precision in sorted({p for _, p in cases}):
         case = attn.case(ref.train.batch_size, ref.train.seq_len, precision, "fwd_bwd")
         base = baselines(case, device, seed=ref.train.init_seed)
-        for name in backends:
+        for name in [b for b, p in cases if p == precision]:
             backend = get_backend(name)
             row = {"backend": name, "dtype": case.dtype, "case": case.label()}
             with warnings.catch_warnings(record=True) as caught:
@@ -582,6 +589,10 @@ def numerics_frame(specs: list[RunSpec], device: str) -> pd.DataFrame:
                     ok, why = safe_available(backend)
                     if not ok:
                         rows.append({**row, "status": "unavailable", "reason": why})
+                        continue
+                    ok, why = backend.supports(case)
+                    if not ok:
+                        rows.append({**row, "status": "unsupported", "reason": why})
                         continue
                     res = check_numerics(case, lambda q, k, v: backend.attention(q, k, v, causal=True, scale=case.scale),
                                          device, ref.train.init_seed, base)

@@ -315,12 +315,14 @@ def test_divergence_stopped_from_outside_keeps_its_numerics_and_the_pairs_it_fin
         path.unlink()
     calls.clear()
     monkeypatch.setattr(ex, "train", real_train)
+    monkeypatch.setattr(ex, "numerics_frame", lambda *a: pytest.fail("numerics.parquet had every case it needs"))
     frames = ex.run_experiment(_job(config, "divergence"), out, progress=False, peak_cache=dict(PEAKS),
                                stop_at=time.time() + 3600)
     div = frames["divergence"]
     assert set(div["arm"]) == {"kernel", "replicate", "init_seed", "data_order"} and div["rel_l2"].notna().all()
     cols = ["variant", "step", "max_abs", "rel_l2"]
     pd.testing.assert_frame_equal(div[div["variant"] == "sdpa-flash"][cols].reset_index(drop=True), kept[cols])
+    assert set(frames["numerics"]["backend"]) == {"sdpa-math", "sdpa-flash"}
 
 
 def test_an_experiment_honours_the_sweep_deadline(tmp_path):
