@@ -251,7 +251,8 @@ class Plan:
             out.append(Job("pretrain", experiment, {
                 "stage": "pretrain", "sweep": self.sweep, "device": self.device, "experiment": experiment,
                 "runs": [spec.to_dict() for spec in exp.runs], "train": exp.train, "time_limit_s": pre["time_limit_s"],
-                "compile_fallback": pre["compile_fallback"], "threads": pre["threads"]}))
+                "compile_fallback": pre["compile_fallback"], "threads": pre["threads"],
+                "concurrent_runs": pre["experiments"][experiment].get("concurrent_runs", 1)}))
         out += self.triton_jobs()
         out += self.context_parallel
         return out

@@ -279,36 +279,39 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     limit = job.get("time_limit_s")
     ends = [time.monotonic() + t for t in (limit, None if stop_at is None else stop_at - time.time()) if t is not None]
     deadline = min(ends) if ends else None
-    summaries, steps, layers = [], [], []
     frames, divergence, again = {}, {}, set()
     if name == "divergence":
         out.mkdir(parents=True, exist_ok=True)
         frames["numerics"] = _numerics(specs, out, device)
         divergence = _earlier_divergence(specs, out)
         again = _runs_to_train_again(specs, out, divergence, to_train)
+    outcomes = {}
+
+    def finished(spec: RunSpec, summary: dict, before: dict | None) -> None:
+        outcomes[spec.name] = summary
+        if name == "divergence" and (before is None or before.get("status") == "truncated" or spec.name in again):
+            update_divergence(specs, out, device, divergence, fresh=spec.name)
+            write_atomic(divergence_table(divergence), out / "divergence.parquet")
+
+    starts = []  # (spec, arguments of _start_run, the summary an earlier sweep left) in plan order
+    for spec in specs:
+        if spec.name in to_train:
+            peak, source = peak_flops_for(device, get_precision(spec.train.precision).matmul_dtype, cache)
+            starts.append((spec, (name, spec, run_dir(out, spec), device, peak, source, progress, deadline,
+                                  job.get("compile_fallback", False), spec.name in again),
+                           _finished(spec, run_dir(out, spec))))
+    workers = job.get("concurrent_runs", 1)
+    if workers > 1 and len(starts) > 1:
+        _train_concurrently(starts, workers, finished)
+    else:
+        for spec, args, before in starts:
+            finished(spec, _start_run(*args), before)
+    summaries, steps, layers = [], [], []
     for spec in specs:
         folder = run_dir(out, spec)
-        if spec.name not in to_train:
-            done = _finished(spec, folder)
-            summaries.append(done or {"run": spec.name, **spec.tags, "status": "skipped",
-                                      "reason": "not selected by pretrain.select.runs, and no earlier sweep ran it"})
-        elif deadline is not None and time.monotonic() > deadline:
-            summaries.append(_finished(spec, folder) or {
-                "run": spec.name, **spec.tags, "status": "skipped",
-                "reason": "not started: the experiment's time limit (time_limit_s, or the sweep's deadline) "
-                          "had passed"})
-        else:
-            precision = get_precision(spec.train.precision)
-            peak, source = peak_flops_for(device, precision.matmul_dtype, cache)
-            print(f"attnbench experiment {name}: {spec.name}", file=sys.stderr, flush=True)
-            before = _finished(spec, folder)
-            summaries.append(_train_guarded(spec, folder, device, peak, source, progress, deadline,
-                                            job.get("compile_fallback", False),
-                                            name == "divergence" and spec.name in again))
-            if name == "divergence" and (before is None or before.get("status") == "truncated"
-                                         or spec.name in again):
-                update_divergence(specs, out, device, divergence, fresh=spec.name)
-                write_atomic(divergence_table(divergence), out / "divergence.parquet")
+        summaries.append(outcomes.get(spec.name) or _finished(spec, folder) or {
+            "run": spec.name, **spec.tags, "status": "skipped",
+            "reason": "not selected by pretrain.select.runs, and no earlier sweep ran it"})
         for file, into in (("steps.parquet", steps), ("fp8_layers.parquet", layers)):
             if summaries[-1].get("status") in TRAINED and (folder / file).is_file():
                 into.append(pd.read_parquet(folder / file).assign(**{k: str(v) for k, v in spec.tags.items()}))
@@ -325,6 +328,44 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     for key, frame in frames.items():
         write_atomic(frame, out / f"{key}.parquet")
     return frames
+
+
+def _start_run(experiment: str, spec: RunSpec, folder: Path, device: str, peak: float, source: str, progress: bool,
+               deadline: float | None, compile_fallback: bool, again: bool) -> dict:
+    """One selected run: trained (:func:`_train_guarded`), or a ``skipped`` row (the earlier sweep's summary
+    where there is one) when the deadline (a ``time.monotonic()`` value, the same clock in every process of
+    the host) has passed."""
+    if deadline is not None and time.monotonic() > deadline:
+        return _finished(spec, folder) or {
+            "run": spec.name, **spec.tags, "status": "skipped",
+            "reason": "not started: the experiment's time limit (time_limit_s, or the sweep's deadline) had passed"}
+    print(f"attnbench experiment {experiment}: {spec.name}", file=sys.stderr, flush=True)
+    return _train_guarded(spec, folder, device, peak, source, progress, deadline, compile_fallback, again)
+
+
+def _worker_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _train_concurrently(starts: list[tuple], workers: int, finished) -> None:
+    """Run :func:`_start_run` for each of ``starts`` in ``workers`` processes (spawned: CUDA cannot be forked),
+    taken in plan order, calling ``finished(spec, summary, before)`` in this process as each ends. The runs share
+    the device, so their speed is not their own (``gpu_sharing`` says so); a worker that dies is an ``error`` row."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, torch.get_num_threads() // workers)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_threads, initargs=(threads,)) as pool:
+        running = {pool.submit(_start_run, *args): (spec, before) for spec, args, before in starts}
+        for future in as_completed(running):
+            spec, before = running[future]
+            try:
+                summary = future.result()
+            except Exception as err:  # the worker process died (out of host memory, a signal)
+                summary = {"run": spec.name, **spec.tags, "status": "error",
+                           "reason": f"its worker process ended: {first_line(err)}"}
+            finished(spec, summary, before)
 
 
 def _train_guarded(spec: RunSpec, folder: Path, device: str, peak: float, source: str, progress: bool,

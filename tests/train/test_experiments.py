@@ -331,3 +331,19 @@ def test_an_experiment_honours_the_sweep_deadline(tmp_path):
                                stop_at=time.time() - 1)
     runs = frames["runs"]
     assert (runs["status"] == "skipped").all() and runs["reason"].str.contains("sweep's deadline").all()
+
+
+def test_divergence_runs_trained_concurrently_give_the_rows_of_runs_trained_one_by_one(tmp_path):
+    arms = {"references": ["sdpa-math"], "kernels": ["sdpa-flash"], "swap_precisions": [], "seeds": [0],
+            "snapshots": 2}
+    frames = {}
+    for workers in (1, 2):
+        config = _tiny_config(divergence={**arms, "concurrent_runs": workers})
+        job = _job(config, "divergence")
+        assert job["concurrent_runs"] == workers
+        frames[workers] = ex.run_experiment(job, tmp_path / f"w{workers}", progress=False, peak_cache=dict(PEAKS))
+    one, two = frames[1], frames[2]
+    assert list(two["runs"]["run"]) == list(one["runs"]["run"]) and set(two["runs"]["status"]) == {"ok"}
+    cols = ["arm", "variant", "seed", "step", "max_abs", "rel_l2", "w1_mean"]
+    pd.testing.assert_frame_equal(two["divergence"][cols], one["divergence"][cols], rtol=1e-5)
+    assert (two["divergence"].loc[two["divergence"]["arm"] == "replicate", "rel_l2"] == 0).all()
