@@ -1,7 +1,7 @@
 """FlexAttention (``torch.nn.attention.flex_attention``), compiled, masks and variants as mods.
 
-Every mask is a block mask built in :meth:`Flex.build`, outside the timed call; the first call
-compiles (Inductor generates a Triton kernel on CUDA, C++ on CPU), so the harness records it as setup
+Every mask is a block mask built in :meth:`Flex.build`, outside the timed call (by a compiled
+``create_block_mask`` at long sequences: :func:`block_mask`); the first call compiles (Inductor generates a Triton kernel on CUDA, C++ on CPU), so the harness records it as setup
 time, apart from kernel time.
 
 * dense cases: bottom-right causal (``q_idx + Skv - Sq >= kv_idx``);
@@ -41,16 +41,37 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-@functools.lru_cache(maxsize=64)
-def _causal_block_mask(seq_q: int, seq_kv: int, device: str):
+DENSE_MASK_ELEMENTS = 1 << 28  # above this many (query, key) pairs, block masks are made by compiled code
+
+
+@functools.cache
+def _compiled_create_block_mask():
     from torch.nn.attention.flex_attention import create_block_mask
 
+    return torch.compile(create_block_mask)
+
+
+def block_mask(mask_mod, q_len: int, kv_len: int, device: str):
+    """``create_block_mask`` for one (query length, key length). Run eagerly it first evaluates ``mask_mod``
+    at every (query, key) pair, at 8 bytes a pair while the blocks are reduced: 128 GiB at 128k x 128k, the
+    H200 context sweep's ``oom`` rows. Above :data:`DENSE_MASK_ELEMENTS` pairs it is compiled, as PyTorch
+    advises (the deprecation note of ``create_block_mask``'s ``_compile`` flag), and Inductor fuses the mask
+    into the block reduction, so no dense mask is made (``tests/kernels/test_flex_block_mask.py`` bounds the
+    memory at 64k x 64k); below, eager spares a compile per shape."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    make = _compiled_create_block_mask() if q_len * kv_len > DENSE_MASK_ELEMENTS else create_block_mask
+    return make(mask_mod, B=None, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_block_mask(seq_q: int, seq_kv: int, device: str):
     offset = seq_kv - seq_q
 
     def bottom_right_causal(b, h, q_idx, kv_idx):
         return q_idx + offset >= kv_idx
 
-    return create_block_mask(bottom_right_causal, B=None, H=None, Q_LEN=seq_q, KV_LEN=seq_kv, device=device)
+    return block_mask(bottom_right_causal, seq_q, seq_kv, device)
 
 
 def _segment_ids(lens, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,8 +160,6 @@ class Flex(Backend):
             if case.causal:  # build the mask now, outside the timed call
                 _causal_block_mask(case.seq_q, case.seq_kv, str(tensors.q.device))
             return super().build(case, tensors)
-        from torch.nn.attention.flex_attention import create_block_mask
-
         device = tensors.q.device
         packed = case.ragged or case.variant == "document"
         if packed:  # (1, H, total, D): the segments end to end
@@ -149,10 +168,9 @@ class Flex(Backend):
         else:
             q, k, v = (x.detach() for x in (tensors.q, tensors.k, tensors.v))
         mask_mod, score_mod = mods(case, device, packed)
-        block_mask = None if mask_mod is None else create_block_mask(
-            mask_mod, B=None, H=None, Q_LEN=q.shape[2], KV_LEN=k.shape[2], device=str(device))
+        mask = None if mask_mod is None else block_mask(mask_mod, q.shape[2], k.shape[2], str(device))
         flex, scale, gqa = self._flex(), case.scale, case.heads_q != case.heads_kv
-        return lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        return lambda: flex(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale, enable_gqa=gqa)
 
     def output(self, case: Case, result) -> torch.Tensor:
         if case.ragged or case.variant == "document":  # (1, H, total, Dv) rows -> the case layout
