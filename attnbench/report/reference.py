@@ -96,18 +96,26 @@ def upgrade(name: str, runs: pd.DataFrame, steps: pd.DataFrame, div: pd.DataFram
 
 
 def _pretrain(rows: Path, out: Path) -> list[str]:
-    """Split the single runs/steps files into one folder per experiment (the layout `experiment run` writes),
-    brought to today's columns (:func:`upgrade`)."""
+    """One folder per experiment (the layout `experiment run` writes): the h200-pretrain sweep's own folder
+    for each experiment that has landed in ``sweep/`` (``lease.sh h200-pretrain:<experiment>``), else the
+    retired script's rows, split out of its single runs/steps files and brought to today's columns
+    (:func:`upgrade`)."""
     from attnbench.train import experiments as ex
 
+    landed = [name for name in ex.EXPERIMENTS
+              if paths.within(rows / "sweep", paths.PRETRAIN_RUNS, experiment=name).is_file()]
+    for name in landed:
+        source = paths.within(rows / "sweep", paths.PRETRAIN_DIR, experiment=name)
+        for frame in sorted(source.glob("*.parquet")):
+            _copy(frame, paths.within(out, paths.PRETRAIN_DIR, experiment=name) / frame.name)
     runs = pd.read_parquet(rows / "pretrain_runs.parquet")
     steps = pd.read_parquet(rows / "pretrain_steps.parquet")
     extra_path = rows / "pretrain_divergence.parquet"
     extra = pd.read_parquet(extra_path) if extra_path.is_file() else pd.DataFrame(columns=["table"])
-    names = [name for name in ex.EXPERIMENTS if (runs["experiment"] == name).any()]
+    retired = [name for name in ex.EXPERIMENTS if name not in landed and (runs["experiment"] == name).any()]
     # one file holds both divergence tables: a column only the other table has is all empty here
     own = {t: extra[extra["table"] == t].drop(columns="table").dropna(axis=1, how="all") for t in DIVERGENCE_TABLES}
-    for name in names:
+    for name in retired:
         folder = paths.within(out, paths.PRETRAIN_DIR, experiment=name)
         folder.mkdir(parents=True, exist_ok=True)
         exp_runs, exp_steps, div = upgrade(name, runs[runs["experiment"] == name], steps[steps["experiment"] == name],
@@ -117,7 +125,7 @@ def _pretrain(rows: Path, out: Path) -> list[str]:
         if name == "divergence":
             div.to_parquet(folder / DIVERGENCE_TABLES["weight_divergence"], index=False)
             own["numerics_vs_fp64"].to_parquet(folder / DIVERGENCE_TABLES["numerics_vs_fp64"], index=False)
-    return names
+    return [name for name in ex.EXPERIMENTS if name in landed or name in retired]
 
 
 def _stability(rows: Path, out: Path) -> list[str]:

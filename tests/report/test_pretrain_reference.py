@@ -1,5 +1,6 @@
-"""The committed H200 pretraining rows (results/reference/h200/pretrain, an older layout) stay readable:
-`attnbench reference` brings them to today's columns and the pretraining tables render from them."""
+"""The committed H200 pretraining rows: the h200-pretrain sweep's own folder (results/reference/h200/pretrain/sweep)
+for each experiment that has landed, the retired script's rows (an older layout, brought to today's columns by
+`attnbench reference`) for the others; the pretraining tables render from both."""
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +17,10 @@ ROWS = ROOT / "results" / "reference" / "h200" / "pretrain"
 def test_committed_rows_render_with_todays_tables(tmp_path):
     names = _pretrain(ROWS, tmp_path)
     assert names == ["divergence", "lr_sensitivity", "fp8", "layouts"]
+    landed = pd.read_parquet(ROWS / "sweep" / "pretrain" / "layouts" / "runs.parquet")
+    layouts = pd.read_parquet(paths.within(tmp_path, paths.PRETRAIN_DIR, experiment="layouts") / "runs.parquet")
+    pd.testing.assert_frame_equal(layouts, landed)  # the sweep's rows, not the retired script's
+    assert set(layouts["steps"]) == {1000} and set(layouts["gpu_sharing"]) == {"alone"}
 
     def table(experiment, name):
         tables, _ = experiment_outputs(experiment, paths.within(tmp_path, paths.PRETRAIN_DIR, experiment=experiment))
