@@ -115,7 +115,8 @@ for spec in "$@"; do
   # "N of N steps done" counts a job that wrote only not-run rows at the deadline: the rows say what ran
   status_table=results/$sweep/microbench/tables/status.md
   [ -f "$status_table" ] && tail -n +3 "$status_table" | cut -c1-160
-  for runs in "results/$sweep"/pretrain/*/runs.parquet; do  # each experiment's runs by status, and the job's last words
+  # each pretraining experiment's runs by status, and the last lines of its job's log
+  for runs in "results/$sweep"/pretrain/*/runs.parquet; do
     [ -f "$runs" ] || continue
     python3 -c 'import sys, pandas as pd; print(sys.argv[1], pd.read_parquet(sys.argv[1])["status"].value_counts().to_dict())' "$runs"
     experiment=$(basename "$(dirname "$runs")")

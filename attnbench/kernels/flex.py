@@ -1,8 +1,9 @@
 """FlexAttention (``torch.nn.attention.flex_attention``), compiled, masks and variants as mods.
 
 Every mask is a block mask built in :meth:`Flex.build`, outside the timed call (by a compiled
-``create_block_mask`` at long sequences: :func:`block_mask`); the first call compiles (Inductor generates a Triton kernel on CUDA, C++ on CPU), so the harness records it as setup
-time, apart from kernel time.
+``create_block_mask`` at long sequences: :func:`block_mask`); the first call compiles (Inductor
+generates a Triton kernel on CUDA, C++ on CPU), so the harness records it as setup time, apart from
+kernel time.
 
 * dense cases: bottom-right causal (``q_idx + Skv - Sq >= kv_idx``);
 * ragged batches and the ``document`` variant: the segments packed end to end in one batch row

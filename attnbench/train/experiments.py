@@ -281,7 +281,6 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     deadline = min(ends) if ends else None
     frames, divergence, again = {}, {}, set()
     if name == "divergence":
-        out.mkdir(parents=True, exist_ok=True)
         frames["numerics"] = _numerics(specs, out, device)
         divergence = _earlier_divergence(specs, out)
         again = _runs_to_train_again(specs, out, divergence, to_train)
@@ -433,11 +432,11 @@ def _spec_rows(specs: list[RunSpec]) -> list[dict]:
     return [{"run": s.name, **s.tags, "precision": s.train.precision} for s in specs]
 
 
-def _identity(spec: RunSpec, out: Path) -> str | None:
-    """The identity hash (:func:`attnbench.train.loop.run_identity`) a run's ``run.json`` records, None before it
-    first trained."""
-    path = run_dir(out, spec) / "run.json"
-    return json.loads(path.read_text()).get("config_hash") if path.is_file() else None
+def _identities(specs: list[RunSpec], out: Path) -> dict[str, str | None]:
+    """Each run's identity hash (:func:`attnbench.train.loop.run_identity`) as its ``run.json`` records it, None
+    before it first trained."""
+    files = {s.name: run_dir(out, s) / "run.json" for s in specs}
+    return {name: json.loads(p.read_text()).get("config_hash") if p.is_file() else None for name, p in files.items()}
 
 
 def _key(pair: dict, step) -> tuple:
@@ -460,14 +459,14 @@ def _earlier_divergence(specs: list[RunSpec], out: Path) -> dict[tuple, dict]:
     frame = pd.read_parquet(path)
     if not {"config_hash", "reference_config_hash"} <= set(frame.columns):
         return {}  # rows of a layout that did not record their runs: nothing to check them against
-    by_name = {s.name: s for s in specs}
+    identity = _identities(specs, out)
     pairs = {(p["variant"], p["reference"], p["seed"]): p for p in divergence_pairs(_spec_rows(specs))}
     kept = {}
     for row in frame.to_dict("records"):
         key = _key(row, row["step"])
         pair = pairs.get(key[:3])
         if pair and (row["config_hash"], row["reference_config_hash"]) == (
-                _identity(by_name[pair["run"]], out), _identity(by_name[pair["reference_run"]], out)):
+                identity[pair["run"]], identity[pair["reference_run"]]):
             kept[key] = row
     return kept
 
@@ -494,12 +493,12 @@ def update_divergence(specs: list[RunSpec], out: Path, device: str, rows: dict[t
     """Add to ``rows`` (by :func:`_key`) the weight divergence at each snapshot step both runs of a pair saved
     (on ``device``), with both runs' identity hashes: every step of the pairs of run ``fresh`` (just trained, so
     its earlier rows are replaced), and the steps ``rows`` lacks of every other pair. Returns ``rows``."""
-    by_name = {s.name: s for s in specs}
+    by_name, identity = {s.name: s for s in specs}, _identities(specs, out)
     load = functools.lru_cache(maxsize=16)(load_weights)  # references recur; weights only, never code
     for pair in sorted(divergence_pairs(_spec_rows(specs)), key=lambda p: p["reference_run"]):
         ref, other = by_name[pair["reference_run"]], by_name[pair["run"]]
         renew = fresh in (ref.name, other.name)
-        hashes = {"config_hash": _identity(other, out), "reference_config_hash": _identity(ref, out)}
+        hashes = {"config_hash": identity[other.name], "reference_config_hash": identity[ref.name]}
         for step in ref.train.snapshot_steps:
             a, b = (_snapshot(s, out, step) for s in (ref, other))
             if (renew or _key(pair, step) not in rows) and a.is_file() and b.is_file():
@@ -594,12 +593,12 @@ def _numerics(specs: list[RunSpec], out: Path, device: str) -> pd.DataFrame:
     """The experiment's ``numerics.parquet`` where an earlier job wrote every (backend, dtype) it needs (those
     rows), else :func:`numerics_frame`, written at once (a job stopped from outside keeps it)."""
     path = out / "numerics.parquet"
-    needed = _numerics_cases(specs)
+    needed = set(_numerics_cases(specs))
     if path.is_file():
         earlier = pd.read_parquet(path)
         have = list(zip(earlier["backend"], earlier["dtype"]))
-        if set(have) >= set(needed):
-            return earlier[[pair in set(needed) for pair in have]].reset_index(drop=True)
+        if set(have) >= needed:
+            return earlier[[pair in needed for pair in have]].reset_index(drop=True)
     frame = numerics_frame(specs, device)
     write_atomic(frame, path)
     return frame
