@@ -2,8 +2,9 @@
 
 ``results/reference/h200/`` holds the sweep folders of reference runs through the pipeline (``paper/``,
 ``stability/``, ``backends/``, ``workloads/``, ``core/``, ``triton/``, the hbm stage of ``h200-hbm`` in
-``hbm/`` and the context stage of ``h200-context`` in ``context/``) beside rows that time-boxed GPU runs wrote
-before it ran every stage, in their own file layout (``pretrain/``; docs/reference-runs.md). :func:`assemble`
+``hbm/`` and the context stage of ``h200-context`` in ``context/``, the h200-pretrain experiments that have
+landed in ``pretrain/sweep/``) beside the FP8 rows a time-boxed GPU script wrote before the pipeline ran every
+stage, in its own file layout (``pretrain/pretrain_*.parquet``; docs/reference-runs.md). :func:`assemble`
 copies (and, where a file held several stages' parts, splits) them into the layout of ``results/<sweep>/``
 (:mod:`attnbench.workflow.paths`) and writes every stage's tables, figures and index with the same
 code the rules run; then ``attnbench render`` renders the report::
@@ -30,7 +31,6 @@ Reports
 """
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 
@@ -44,8 +44,6 @@ from attnbench.workflow import paths
 SWEEP_FOLDERS = {"sweep": "paper", "backends": "backends", "workloads": "workloads", "core": "core",
                  "triton": "triton"}
 REPORTS = tuple(SWEEP_FOLDERS)
-# scripts/h200_pretrain.sh wrote the divergence experiment's two extra frames into one file (column table)
-DIVERGENCE_TABLES = {"weight_divergence": "divergence.parquet", "numerics_vs_fp64": "numerics.parquet"}
 
 
 def _copy(source: Path, target: Path) -> None:
@@ -53,53 +51,25 @@ def _copy(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
-OLD_ROLES = {"reference": ("reference", ""), "backend": ("kernel", "sdpa-math"),
-             "precision": ("precision", "sdpa-math"), "seed": ("init_and_data_seed", "sdpa-math")}
-
-
-def upgrade(name: str, runs: pd.DataFrame, steps: pd.DataFrame, div: pd.DataFrame | None = None):
-    """(runs, steps, divergence) of the retired script's pretraining rows with today's columns: one seed (0)
-    whose initial weights and data order are both that seed; the runs' tags as today's divergence plan writes
-    them (sdpa-math the reference, every other backend a kernel arm against it, fp32 the precision arm, and
-    the old seed swap, which changed the initial weights and the data order together, as its own arm
-    ``init_and_data_seed``); both spike scores recomputed from the committed step logs at their definitions
-    (:func:`attnbench.train.stability.spike_summary`); the weight divergence's pooled Wasserstein distance kept
-    as ``wasserstein_pooled`` (today's per-tensor ``w1_mean`` and ``w1_max`` are empty)."""
-    from attnbench.train import experiments as ex
+def upgrade(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, steps) of the retired script's FP8 rows with today's columns: one seed (0) whose initial weights
+    and data order are both that seed, the GELU MLP and the precision as the variant, and both spike scores
+    recomputed from the committed step logs at their definitions (:func:`attnbench.train.stability.spike_summary`)."""
     from attnbench.train import stability
 
-    runs, steps = runs.copy(), steps.copy()
-    if "init_seed" not in runs:
-        runs = runs.assign(init_seed=runs["seed"], data_seed=runs["seed"], seed=0)
+    runs = runs.assign(init_seed=runs["seed"], data_seed=runs["seed"], seed=0, mlp_variant="gelu",
+                       variant=runs["precision"])
     spikes = {run: stability.spike_summary(s["loss"].to_numpy(float), s["grad_norm"].to_numpy(float))
               for run, s in steps.groupby("run")}
     columns = pd.DataFrame.from_dict(spikes, orient="index")
-    runs = runs.drop(columns=[c for c in columns if c in runs]).join(columns, on="run")
-    if name == "divergence" and "swap" in runs:
-        variant = {r["run"]: "sdpa-math" if r["swap"] == "reference" else
-                   r["backend"] if r["swap"] == "backend" else f"sdpa-math-{r['run'].rsplit('-', 1)[-1]}"
-                   for _, r in runs.iterrows()}
-        runs = runs.assign(variant=runs["run"].map(variant), role=runs["swap"].map(lambda s: OLD_ROLES[s][0]),
-                           compare_to=runs["swap"].map(lambda s: OLD_ROLES[s][1]))
-    if name == "fp8" and "mlp_variant" not in runs:
-        runs = runs.assign(mlp_variant="gelu", variant=runs["precision"])
-    if div is not None and "swap" in div:
-        names = dict(zip(runs["run"], runs["variant"]))
-        arms = {s: OLD_ROLES[s][0] for s in OLD_ROLES}
-        div = pd.DataFrame({"arm": div["swap"].map(arms), "reference": "sdpa-math", "variant": div["run"].map(names),
-                            "seed": 0, "step": div["step"], "max_abs": div["max_abs"], "rel_l2": div["rel_l2"],
-                            "w1_mean": math.nan, "w1_max": math.nan, "wasserstein_pooled": div["wasserstein"]})
-        rows = runs.set_index("variant")
-        div["label"] = [ex._label(a, v, "sdpa-math", rows.loc[v].to_dict(), rows.loc["sdpa-math"].to_dict())
-                        for a, v in zip(div["arm"], div["variant"])]
-    return runs, steps, div
+    return runs.drop(columns=[c for c in columns if c in runs]).join(columns, on="run"), steps
 
 
 def _pretrain(rows: Path, out: Path) -> list[str]:
     """One folder per experiment (the layout `experiment run` writes): the h200-pretrain sweep's own folder
-    for each experiment that has landed in ``sweep/`` (``lease.sh h200-pretrain:<experiment>``), else the
-    retired script's rows, split out of its single runs/steps files and brought to today's columns
-    (:func:`upgrade`)."""
+    for each experiment that has landed in ``sweep/`` (``lease.sh h200-pretrain:<experiment>``); FP8, until it
+    lands, from the retired script's rows (``pretrain_runs.parquet``, ``pretrain_steps.parquet``), brought to
+    today's columns (:func:`upgrade`)."""
     from attnbench.train import experiments as ex
 
     landed = [name for name in ex.EXPERIMENTS
@@ -108,23 +78,15 @@ def _pretrain(rows: Path, out: Path) -> list[str]:
         source = paths.within(rows / "sweep", paths.PRETRAIN_DIR, experiment=name)
         for frame in sorted(source.glob("*.parquet")):
             _copy(frame, paths.within(out, paths.PRETRAIN_DIR, experiment=name) / frame.name)
-    runs = pd.read_parquet(rows / "pretrain_runs.parquet")
-    steps = pd.read_parquet(rows / "pretrain_steps.parquet")
-    extra_path = rows / "pretrain_divergence.parquet"
-    extra = pd.read_parquet(extra_path) if extra_path.is_file() else pd.DataFrame(columns=["table"])
-    retired = [name for name in ex.EXPERIMENTS if name not in landed and (runs["experiment"] == name).any()]
-    # one file holds both divergence tables: a column only the other table has is all empty here
-    own = {t: extra[extra["table"] == t].drop(columns="table").dropna(axis=1, how="all") for t in DIVERGENCE_TABLES}
-    for name in retired:
-        folder = paths.within(out, paths.PRETRAIN_DIR, experiment=name)
+    retired = []
+    if "fp8" not in landed and (rows / "pretrain_runs.parquet").is_file():
+        runs, steps = upgrade(pd.read_parquet(rows / "pretrain_runs.parquet"),
+                              pd.read_parquet(rows / "pretrain_steps.parquet"))
+        folder = paths.within(out, paths.PRETRAIN_DIR, experiment="fp8")
         folder.mkdir(parents=True, exist_ok=True)
-        exp_runs, exp_steps, div = upgrade(name, runs[runs["experiment"] == name], steps[steps["experiment"] == name],
-                                           own["weight_divergence"] if name == "divergence" else None)
-        exp_runs.to_parquet(folder / "runs.parquet", index=False)
-        exp_steps.to_parquet(folder / "steps.parquet", index=False)
-        if name == "divergence":
-            div.to_parquet(folder / DIVERGENCE_TABLES["weight_divergence"], index=False)
-            own["numerics_vs_fp64"].to_parquet(folder / DIVERGENCE_TABLES["numerics_vs_fp64"], index=False)
+        runs.to_parquet(folder / "runs.parquet", index=False)
+        steps.to_parquet(folder / "steps.parquet", index=False)
+        retired = ["fp8"]
     return [name for name in ex.EXPERIMENTS if name in landed or name in retired]
 
 
