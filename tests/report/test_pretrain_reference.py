@@ -24,6 +24,8 @@ def test_committed_rows_render_with_todays_tables(tmp_path):
         assert set(runs["steps"]) == {1000} and set(runs["status"]) == {"ok"}
     fp8 = pd.read_parquet(paths.within(tmp_path, paths.PRETRAIN_DIR, experiment="fp8") / "runs.parquet")
     assert set(fp8["steps"]) == {2000} and set(fp8["mlp_variant"]) == {"gelu"}  # the retired script's, upgraded
+    # both spike scores recomputed from the step logs at today's definitions (the script's window was 400 steps)
+    assert set(fp8["spike_window_olmo2_paper"]) == {1000} and (fp8["spikes_olmo_core_any"] == 0).all()
 
     def table(experiment, name):
         tables, _ = experiment_outputs(experiment, paths.within(tmp_path, paths.PRETRAIN_DIR, experiment=experiment))
