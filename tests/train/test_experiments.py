@@ -347,3 +347,20 @@ def test_divergence_runs_trained_concurrently_give_the_rows_of_runs_trained_one_
     cols = ["arm", "variant", "seed", "step", "max_abs", "rel_l2", "w1_mean"]
     pd.testing.assert_frame_equal(two["divergence"][cols], one["divergence"][cols], rtol=1e-5)
     assert (two["divergence"].loc[two["divergence"]["arm"] == "replicate", "rel_l2"] == 0).all()
+
+
+def test_fp8_runs_trained_concurrently_give_the_losses_and_scale_statistics_of_runs_trained_one_by_one(tmp_path):
+    frames = {}
+    for workers in (1, 2):
+        config = _tiny_config(fp8={"precisions": ["bf16"], "seeds": [0, 1], "swiglu_precisions": ["bf16"],
+                                   "concurrent_runs": workers})
+        job = _job(config, "fp8")
+        assert job["concurrent_runs"] == workers
+        frames[workers] = ex.run_experiment(job, tmp_path / f"w{workers}", progress=False, peak_cache=dict(PEAKS))
+    one, two = frames[1], frames[2]
+    assert list(two["runs"]["run"]) == list(one["runs"]["run"]) and set(two["runs"]["status"]) == {"ok"}
+    assert list(two["runs"]["final_val_loss"]) == list(one["runs"]["final_val_loss"])
+    keys = ["run", "step", "layer", "recipe", "kind"]
+    layers = [f["fp8_layers"].sort_values(keys, ignore_index=True) for f in (one, two)]
+    assert len(layers[0]) > 0
+    pd.testing.assert_frame_equal(layers[1], layers[0])
