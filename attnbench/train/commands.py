@@ -56,6 +56,7 @@ def _find_run(plan, name: str):
 
 def _cmd_train(args) -> int:
     from attnbench.plan import load_plan
+    from attnbench.train.determinism import prepare_process
     from attnbench.train.experiments import peak_flops_for
     from attnbench.train.loop import train
     from attnbench.train.precision import get_precision
@@ -63,6 +64,7 @@ def _cmd_train(args) -> int:
     plan = load_plan(args.config, args.device)
     _threads(plan.device, args.threads or plan.view["pretrain"]["threads"])
     spec = _find_run(plan, args.run)
+    prepare_process([spec.train.deterministic])  # before the matmul ceiling's CUDA work
     peak, source = peak_flops_for(plan.device, get_precision(spec.train.precision).matmul_dtype,
                                   _peak_cache(args, plan.device))
     summary = train(spec, args.out, plan.device, peak_flops=peak, peak_flops_source=source,

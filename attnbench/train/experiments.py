@@ -59,6 +59,7 @@ from attnbench.models.gpt import GPTConfig, count_params, match_params
 from attnbench.train import stability
 from attnbench.train.checkpoint import load_weights
 from attnbench.train.data import DataConfig
+from attnbench.train.determinism import prepare_process
 from attnbench.train.intervals import interval_columns
 from attnbench.train.loop import RunSpec, TrainConfig, train
 from attnbench.train.precision import get_precision
@@ -274,6 +275,7 @@ def run_experiment(job: dict, out_dir: str | Path, *, progress: bool = True,
     out = Path(out_dir)
     name, device = job["experiment"], job["device"]
     specs = [RunSpec.from_dict(d) for d in job["runs"]]
+    prepare_process(s.train.deterministic for s in specs)  # before the numerics' and the ceilings' CUDA work
     to_train = set(job.get("train", [s.name for s in specs]))
     cache = {} if peak_cache is None else peak_cache  # matmul ceilings, measured once per process
     limit = job.get("time_limit_s")

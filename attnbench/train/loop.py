@@ -59,6 +59,7 @@ from attnbench.train.attention_backend import (BackendUnavailable, BackendUnsupp
                                                fastest_backend)
 from attnbench.train.checkpoint import resume_checkpoint
 from attnbench.train.data import BatchSource, DataConfig, load_tokens
+from attnbench.train.determinism import deterministic_algorithms
 from attnbench.train.sharing import GpuSharing
 from attnbench.train.precision import (PRECISIONS, Fp8StatsRecorder, PrecisionUnavailable, apply_precision,
                                        get_precision)
@@ -91,6 +92,7 @@ class TrainConfig:
     ckpt_every: int = 50
     snapshot_steps: tuple[int, ...] = ()  # updates after which fp32 weights are saved (0 = at init)
     compile: bool = False
+    deterministic: bool = False     # PyTorch's deterministic algorithms (attnbench.train.determinism)
     max_nonfinite: int = 20         # consecutive non-finite steps that end the run as diverged
     backend_candidates: tuple[str, ...] = ("sdpa-math", "sdpa-flash", "eager")  # for model.backend: auto
 
@@ -137,6 +139,8 @@ class RunSpec:
     @property
     def config_hash(self) -> str:
         payload = {k: v for k, v in self.to_dict().items() if k not in ("name", "tags")}
+        if not self.train.deterministic:  # in the hash only when on: runs made before the switch keep their identity
+            del payload["train"]["deterministic"]
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -386,9 +390,18 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
     ``spec.data`` (any :class:`~attnbench.train.data.BatchSource`); ``init_state`` is a state
     dict the model starts from instead of ``init_seed``'s initialisation (a fine-tune). ``again``
     trains from step 0 even where a summary or checkpoint of this config is there (a run whose
-    weight snapshots were left behind on another machine).
+    weight snapshots were left behind on another machine). With ``train.deterministic`` the run trains under
+    PyTorch's deterministic algorithms (:mod:`attnbench.train.determinism`; the process must have called
+    :func:`~attnbench.train.determinism.prepare_process` before its first CUDA work).
     """
-    out = Path(out_dir)
+    with deterministic_algorithms(spec.train.deterministic):
+        return _train(spec, Path(out_dir), device, peak_flops, peak_flops_source, progress, deadline, data,
+                      init_state, again)
+
+
+def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak_flops_source: str, progress: bool,
+           deadline: float | None, data: BatchSource | None, init_state: dict[str, torch.Tensor] | None,
+           again: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
     init_sha = _tensors_sha256(init_state) if init_state is not None else None
@@ -405,8 +418,8 @@ def train(spec: RunSpec, out_dir: str | Path, device: str = "cpu", *, peak_flops
             "corpus_sha256": data.sha256, "precision": spec.train.precision, "init_seed": spec.train.init_seed,
             "data_seed": spec.train.data_seed, "lr": spec.train.lr, "layout": spec.model.layout,
             "mlp": spec.model.mlp, "smooth_swiglu": spec.model.smooth_swiglu, "qk_norm": spec.model.qk_norm,
-            "z_loss": spec.train.z_loss, "compile": spec.train.compile, "steps": spec.train.steps,
-            "init_sha256": init_sha or ""}
+            "z_loss": spec.train.z_loss, "compile": spec.train.compile, "deterministic": spec.train.deterministic,
+            "steps": spec.train.steps, "init_sha256": init_sha or ""}
     ckpt_path = out / "ckpt.pt"
     ckpt = resume_checkpoint(ckpt_path, CHECKPOINT_KEYS, map_location=device)  # weights_only; a bad one: start over
     if ckpt is not None and (ckpt.get("config_hash") != identity or again):
