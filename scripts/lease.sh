@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run sweeps through Snakemake on a time-limited GPU lease, and pack what they made for the trip back.
 #
-#   OUT=<dir> BUDGET_S=<seconds> bash scripts/lease.sh <sweep>[:<group>,...] [<sweep>[:<group>,...] ...]
+#   OUT=<dir> BUDGET_S=<seconds> [EXPECT_GPU=H200] bash scripts/lease.sh <sweep>[:<group>,...] [<sweep>[:<group>,...] ...]
 #   (from the repository root)
 #
 # Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job, and the report
@@ -42,6 +42,12 @@ FLASHINFER_CACHE=${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer
 [ $# -ge 1 ] || { echo "usage: OUT=<dir> bash scripts/lease.sh <sweep>[:<group>,...] [...]" >&2; exit 2; }
 started=$(date +%s)
 mkdir -p "$OUT"
+# 0. the card: a reference sweep is for one GPU model (EXPECT_GPU, a part of nvidia-smi's name such as H200), and a
+#    lease that named one kind can bring another: on any other card nothing is installed or measured
+if [ -n "${EXPECT_GPU:-}" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  [[ $gpu == *"$EXPECT_GPU"* ]] || { echo "this GPU is '${gpu:-none}', not EXPECT_GPU=$EXPECT_GPU: nothing run" >&2; exit 3; }
+fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 # 1. wheels and the attnbench command

@@ -1,0 +1,36 @@
+"""scripts/lease.sh's guard on the card: with EXPECT_GPU set, a lease that brought another GPU model runs nothing."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lease(tmp_path: Path, gpu_name: str, expect: str) -> subprocess.CompletedProcess:
+    """lease.sh from a bare folder (no wheels, no sweep files) on a machine whose nvidia-smi names ``gpu_name``."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "lease.sh", tmp_path / "scripts" / "lease.sh")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho '{gpu_name}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+           "EXPECT_GPU": expect}
+    return subprocess.run(["bash", "scripts/lease.sh", "no-such-sweep"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_lease_on_another_gpu_model_runs_nothing(tmp_path):
+    done = _lease(tmp_path, "NVIDIA H100 80GB HBM3", "H200")
+    assert done.returncode == 3
+    assert done.stderr.strip() == "this GPU is 'NVIDIA H100 80GB HBM3', not EXPECT_GPU=H200: nothing run"
+    assert not (tmp_path / "out" / "gpu.txt").exists()  # it stopped before recording the GPU or starting a sweep
+
+
+def test_a_lease_on_the_expected_gpu_model_goes_on(tmp_path):
+    done = _lease(tmp_path, "NVIDIA H200", "H200")
+    assert done.returncode == 0
+    assert "no sweep file config/sweeps/no-such-sweep.yaml" in done.stderr
+    assert "NVIDIA H200" in (tmp_path / "out" / "gpu.txt").read_text()
