@@ -200,6 +200,36 @@ def _registry() -> referencing.Registry:
         for name in ("config", *SECTIONS))
 
 
+_BOUNDS = ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems",
+           "uniqueItems")
+_NOUNS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+          "array": "a list", "object": "a mapping", "null": "null"}
+
+
+def _range(low, high, low_op: str, high_op: str) -> str:
+    """Bounds as words: ``from 1 to 8`` when both are inclusive, else ``> 0``, ``<= 1`` joined by ``and``."""
+    if low is not None and high is not None and (low_op, high_op) == (">=", "<="):
+        return f"from {low} to {high}"
+    return " and ".join(f"{op} {bound}" for op, bound in ((low_op, low), (high_op, high)) if bound is not None)
+
+
+def _allowed(schema: dict) -> str:
+    """What a schema admits, in words: its type and its bounds (``an integer from 1 to 65536``, ``a number > 0``,
+    ``a list of 1 to 8 distinct items``, ``an integer from 1 to 50, or null``)."""
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    noun = " or ".join(_NOUNS.get(t, t) for t in types if t != "null") or "a value"
+    low, low_op = (schema["exclusiveMinimum"], ">") if "exclusiveMinimum" in schema else (schema.get("minimum"), ">=")
+    high, high_op = (schema["exclusiveMaximum"], "<") if "exclusiveMaximum" in schema else (schema.get("maximum"), "<=")
+    words = [noun, _range(low, high, low_op, high_op)]
+    if "minItems" in schema or "maxItems" in schema or schema.get("uniqueItems"):
+        count = _range(schema.get("minItems"), schema.get("maxItems"), ">=", "<=").removeprefix("from ")
+        count = count.replace(">= 1", "at least one").replace(">=", "at least").replace("<=", "at most")
+        distinct = " distinct" if schema.get("uniqueItems") else ""
+        words.append(f"of {count}{distinct} {'item' if count.endswith('one') else 'items'}".replace("of  ", "of "))
+    return " ".join(w for w in words if w) + (", or null" if "null" in types else "")
+
+
 def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     """One line naming the key: ``root`` (the validated value's own key, if any) joined to the error's path."""
     where = ".".join(str(p) for p in [*([root] if root else []), *err.absolute_path]) or "config"
@@ -218,6 +248,10 @@ def _schema_message(err: jsonschema.ValidationError, root: str = "") -> str:
     if err.validator == "pattern":
         noun = "name" if err.validator_value == NAME_PATTERN.pattern else "value"
         return f"{where}={err.instance!r} is not allowed; allowed: a {noun} matching {err.validator_value}"
+    if err.validator in _BOUNDS:  # the type and the bounds the key's schema sets, in one phrase
+        shown = repr(err.instance)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return f"{where}={shown} is not allowed; allowed: {_allowed(err.schema)}"
     if err.validator == "propertyNames":
         return f"{where}: a name in this mapping is not allowed ({err.message}); allowed: names matching the pattern"
     message = " ".join(err.message.split())
