@@ -83,11 +83,15 @@ def test_lr_and_fp8_plans_run_every_variant_at_their_seeds():
     assert lr[:4] == ["lr_sensitivity/baseline/lr0.01/s0", "lr_sensitivity/baseline/lr0.1/s0",
                       "lr_sensitivity/qk_norm-z_loss/lr0.01/s0", "lr_sensitivity/qk_norm-z_loss/lr0.1/s0"]
     assert len(lr) == 8
-    fp8 = {s.name: s for s in ex.plan_runs(view, "fp8")}
+    fp8_config = _tiny_config(fp8={"precisions": ["bf16", "fp8-tensorwise"], "seeds": [0, 1],
+                                   "swiglu_precisions": ["bf16", "fp8-tensorwise"]})
+    fp8 = {s.name: s for s in ex.plan_runs(_view(fp8_config), "fp8")}
+    # Smooth-SwiGLU at the FP8 precision only: at bf16 it is SwiGLU bit for bit (tests/models/test_gpt.py)
     assert list(fp8) == ["fp8/bf16/s0", "fp8/bf16/s1", "fp8/fp8-tensorwise/s0", "fp8/swiglu-bf16/s0",
-                         "fp8/smooth-swiglu-bf16/s0"]
-    smooth = fp8["fp8/smooth-swiglu-bf16/s0"].model
-    assert (smooth.mlp, smooth.smooth_swiglu, fp8["fp8/swiglu-bf16/s0"].model.smooth_swiglu) == ("swiglu", True, False)
+                         "fp8/swiglu-fp8-tensorwise/s0", "fp8/smooth-swiglu-fp8-tensorwise/s0"]
+    smooth = fp8["fp8/smooth-swiglu-fp8-tensorwise/s0"]
+    assert (smooth.model.mlp, smooth.model.smooth_swiglu, smooth.train.precision) == ("swiglu", True, "fp8-tensorwise")
+    assert fp8["fp8/swiglu-bf16/s0"].model.smooth_swiglu is False
 
 
 def test_layouts_plan_matches_parameters():
