@@ -255,12 +255,12 @@ def _fp8_layers_figure(runs, layers) -> plt.Figure:
     if sub.empty:
         return placeholder("FP8 per-layer amax", "no mlp.proj statistics")
     fig, (a, b) = plt.subplots(1, 2, figsize=(14, 4.5))
-    sns.lineplot(data=sub, x="step", y="amax", hue="variant", style="layer", ax=a)
+    sns.lineplot(data=sub, x="step", y="amax", hue="variant", style="layer", ax=a, legend=False)
     a.set_yscale("log")
     a.set_title("amax of the down projection's input per layer")
-    sns.lineplot(data=sub, x="step", y="underflow", hue="variant", style="layer", ax=b, legend=False)
+    sns.lineplot(data=sub, x="step", y="underflow", hue="variant", style="layer", ax=b)
     b.set_title("its underflow share (nonzero values that round to 0)")
-    sns.move_legend(a, "upper left", bbox_to_anchor=(2.25, 1), fontsize=7)
+    sns.move_legend(b, "upper left", bbox_to_anchor=(1.02, 1), fontsize=7)  # beside both panels, not between
     fig.tight_layout()
     return fig
 

@@ -2,12 +2,10 @@
 
 ``results/reference/h200/`` holds the sweep folders of reference runs through the pipeline (``paper/``,
 ``stability/``, ``backends/``, ``workloads/``, ``core/``, ``triton/``, the hbm stage of ``h200-hbm`` in
-``hbm/`` and the context stage of ``h200-context`` in ``context/``, the h200-pretrain experiments that have
-landed in ``pretrain/sweep/``) beside the FP8 rows a time-boxed GPU script wrote before the pipeline ran every
-stage, in its own file layout (``pretrain/pretrain_*.parquet``; docs/reference-runs.md). :func:`assemble`
-copies (and, where a file held several stages' parts, splits) them into the layout of ``results/<sweep>/``
-(:mod:`attnbench.workflow.paths`) and writes every stage's tables, figures and index with the same
-code the rules run; then ``attnbench render`` renders the report::
+``hbm/``, the context stage of ``h200-context`` in ``context/`` and the h200-pretrain experiments in
+``pretrain/sweep/``). A report's sections come from several of them: :func:`assemble` copies them into the
+layout of one ``results/<sweep>/`` (:mod:`attnbench.workflow.paths`) and writes every stage's tables,
+figures and index with the same code the rules run; then ``attnbench render`` renders the report::
 
     attnbench reference sweep --out results/reference-h200
     attnbench render --results results/reference-h200 --out reports/reference/h200/report.html
@@ -51,25 +49,9 @@ def _copy(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
-def upgrade(runs: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, steps) of the retired script's FP8 rows with today's columns: one seed (0) whose initial weights
-    and data order are both that seed, the GELU MLP and the precision as the variant, and both spike scores
-    recomputed from the committed step logs at their definitions (:func:`attnbench.train.stability.spike_summary`)."""
-    from attnbench.train import stability
-
-    runs = runs.assign(init_seed=runs["seed"], data_seed=runs["seed"], seed=0, mlp_variant="gelu",
-                       variant=runs["precision"])
-    spikes = {run: stability.spike_summary(s["loss"].to_numpy(float), s["grad_norm"].to_numpy(float))
-              for run, s in steps.groupby("run")}
-    columns = pd.DataFrame.from_dict(spikes, orient="index")
-    return runs.drop(columns=[c for c in columns if c in runs]).join(columns, on="run"), steps
-
-
 def _pretrain(rows: Path, out: Path) -> list[str]:
-    """One folder per experiment (the layout `experiment run` writes): the h200-pretrain sweep's own folder
-    for each experiment that has landed in ``sweep/`` (``lease.sh h200-pretrain:<experiment>``); FP8, until it
-    lands, from the retired script's rows (``pretrain_runs.parquet``, ``pretrain_steps.parquet``), brought to
-    today's columns (:func:`upgrade`)."""
+    """One folder per experiment (the layout `experiment run` writes), copied from the h200-pretrain sweep's own
+    folder (``sweep/``) for each experiment that has landed there (``lease.sh h200-pretrain:<experiment>``)."""
     from attnbench.train import experiments as ex
 
     landed = [name for name in ex.EXPERIMENTS
@@ -78,16 +60,7 @@ def _pretrain(rows: Path, out: Path) -> list[str]:
         source = paths.within(rows / "sweep", paths.PRETRAIN_DIR, experiment=name)
         for frame in sorted(source.glob("*.parquet")):
             _copy(frame, paths.within(out, paths.PRETRAIN_DIR, experiment=name) / frame.name)
-    retired = []
-    if "fp8" not in landed and (rows / "pretrain_runs.parquet").is_file():
-        runs, steps = upgrade(pd.read_parquet(rows / "pretrain_runs.parquet"),
-                              pd.read_parquet(rows / "pretrain_steps.parquet"))
-        folder = paths.within(out, paths.PRETRAIN_DIR, experiment="fp8")
-        folder.mkdir(parents=True, exist_ok=True)
-        runs.to_parquet(folder / "runs.parquet", index=False)
-        steps.to_parquet(folder / "steps.parquet", index=False)
-        retired = ["fp8"]
-    return [name for name in ex.EXPERIMENTS if name in landed or name in retired]
+    return landed
 
 
 def _stability(rows: Path, out: Path) -> list[str]:

@@ -1,6 +1,5 @@
-"""The committed H200 pretraining rows: the h200-pretrain sweep's own folder (results/reference/h200/pretrain/sweep)
-for each experiment that has landed, the retired script's FP8 rows (an older layout, brought to today's columns by
-`attnbench reference`) until FP8 lands; the pretraining tables render from both."""
+"""The committed H200 pretraining rows: the h200-pretrain sweep's own folder (results/reference/h200/pretrain/sweep),
+one folder per experiment, every one made through the pipeline; the pretraining tables render from them."""
 from pathlib import Path
 
 import pandas as pd
@@ -17,15 +16,12 @@ ROWS = ROOT / "results" / "reference" / "h200" / "pretrain"
 def test_committed_rows_render_with_todays_tables(tmp_path):
     names = _pretrain(ROWS, tmp_path)
     assert names == ["divergence", "lr_sensitivity", "fp8", "layouts"]
-    for experiment in ("divergence", "lr_sensitivity", "layouts"):  # the sweep's rows, not the retired script's
+    for experiment in names:  # the sweep's rows, copied as they are
         landed = pd.read_parquet(ROWS / "sweep" / "pretrain" / experiment / "runs.parquet")
         runs = pd.read_parquet(paths.within(tmp_path, paths.PRETRAIN_DIR, experiment=experiment) / "runs.parquet")
         pd.testing.assert_frame_equal(runs, landed)
         assert set(runs["steps"]) == {1000} and set(runs["status"]) == {"ok"}
-    fp8 = pd.read_parquet(paths.within(tmp_path, paths.PRETRAIN_DIR, experiment="fp8") / "runs.parquet")
-    assert set(fp8["steps"]) == {2000} and set(fp8["mlp_variant"]) == {"gelu"}  # the retired script's, upgraded
-    # both spike scores recomputed from the step logs at today's definitions (the script's window was 400 steps)
-    assert set(fp8["spike_window_olmo2_paper"]) == {1000} and (fp8["spikes_olmo_core_any"] == 0).all()
+        assert not runs["git_sha"].str.contains("dirty").any()
 
     def table(experiment, name):
         tables, _ = experiment_outputs(experiment, paths.within(tmp_path, paths.PRETRAIN_DIR, experiment=experiment))
@@ -42,5 +38,14 @@ def test_committed_rows_render_with_todays_tables(tmp_path):
     assert sens.loc["baseline", "lr_sensitivity_mean"] == pytest.approx(0.606, abs=5e-4)
     assert sens.loc["qk_norm-z_loss", "lr_sensitivity_mean"] == pytest.approx(0.0442, abs=5e-5)
     assert sens.loc["qk_norm-z_loss", "lr_sensitivity_ci_high"] < sens.loc["baseline", "lr_sensitivity_ci_low"]
-    recipes = table("fp8", "fp8").reset_index()
-    assert len(recipes) == 4 and recipes["final_val_loss"].between(1.38, 1.39).all()  # within 0.004 of bf16
+    # docs/training.md, FP8: every GELU recipe inside the bf16 seeds' band; SwiGLU under tensorwise FP8 leaves it
+    # from step 699, Smooth-SwiGLU later and by half as much
+    recipes = table("fp8", "fp8").reset_index().set_index("variant")
+    assert len(recipes) == 9 and recipes.loc["bf16", "band_high"].iloc[0] == pytest.approx(0.00614, abs=5e-6)
+    gelu = recipes.loc[["fp8-tensorwise", "fp8-rowwise", "mxfp8"]]
+    assert (gelu["gap"].abs() < gelu["band_high"]).all() and gelu["gap_opens_at_step"].isna().all()
+    assert recipes.loc["swiglu-fp8-tensorwise", "gap"] == pytest.approx(0.0186, abs=5e-5)
+    assert recipes.loc["swiglu-fp8-tensorwise", "gap_opens_at_step"] == 699
+    assert recipes.loc["smooth-swiglu-fp8-tensorwise", "gap"] == pytest.approx(0.0087, abs=5e-5)
+    assert recipes.loc["smooth-swiglu-fp8-tensorwise", "gap_opens_at_step"] == 899
+    assert (recipes["gpu_sharing"] == "alone").all()

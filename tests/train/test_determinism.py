@@ -116,10 +116,11 @@ def test_an_op_without_a_deterministic_implementation_makes_an_error_row_naming_
 
 
 def test_runs_made_before_the_switch_keep_their_identity_hash():
-    """The h200-pretrain sweep's committed rows, planned again from the config they ran with (env/config.yaml),
-    have the hashes the GPU recorded: a run without the switch is matched, and not trained again."""
+    """The h200-pretrain sweep's committed rows, planned again from its env/config.yaml (written by the FP8 call,
+    which has the switch; the other experiments ran before it), have the hashes the GPU recorded: a run without
+    the switch is matched, and not trained again."""
     plan = load_plan(SWEEP / "env" / "config.yaml", "cuda")
-    for experiment in ("divergence", "lr_sensitivity", "layouts"):
+    for experiment in ("divergence", "lr_sensitivity", "fp8", "layouts"):
         rows = pd.read_parquet(SWEEP / "pretrain" / experiment / "runs.parquet")
         specs = {spec.name: spec for spec in plan.pretrain[experiment].runs}
         assert not rows.empty and {run: specs[run].config_hash for run in rows["run"]} == dict(
