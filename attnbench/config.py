@@ -213,6 +213,18 @@ def _range(low, high, low_op: str, high_op: str) -> str:
     return " and ".join(f"{op} {bound}" for op, bound in ((low_op, low), (high_op, high)) if bound is not None)
 
 
+def _items(low, high, distinct: bool) -> str:
+    """A list's length bounds as words: ``of 1 to 8 distinct items``, ``of at least one item``, ``of at most 4 items``."""
+    if low is not None and high is not None:
+        count = f"{low} to {high}"
+    elif low is not None:
+        count = "at least one" if low == 1 else f"at least {low}"
+    else:
+        count = f"at most {high}" if high is not None else ""
+    noun = "item" if count == "at least one" else "items"
+    return " ".join(w for w in ("of", count, "distinct" if distinct else "", noun) if w)
+
+
 def _allowed(schema: dict) -> str:
     """What a schema admits, in words: its type and its bounds (``an integer from 1 to 65536``, ``a number > 0``,
     ``a list of 1 to 8 distinct items``, ``an integer from 1 to 50, or null``)."""
@@ -223,10 +235,7 @@ def _allowed(schema: dict) -> str:
     high, high_op = (schema["exclusiveMaximum"], "<") if "exclusiveMaximum" in schema else (schema.get("maximum"), "<=")
     words = [noun, _range(low, high, low_op, high_op)]
     if "minItems" in schema or "maxItems" in schema or schema.get("uniqueItems"):
-        count = _range(schema.get("minItems"), schema.get("maxItems"), ">=", "<=").removeprefix("from ")
-        count = count.replace(">= 1", "at least one").replace(">=", "at least").replace("<=", "at most")
-        distinct = " distinct" if schema.get("uniqueItems") else ""
-        words.append(f"of {count}{distinct} {'item' if count.endswith('one') else 'items'}".replace("of  ", "of "))
+        words.append(_items(schema.get("minItems"), schema.get("maxItems"), bool(schema.get("uniqueItems"))))
     return " ".join(w for w in words if w) + (", or null" if "null" in types else "")
 
 

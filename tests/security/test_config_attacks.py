@@ -228,3 +228,15 @@ def test_the_data_file_of_a_stage_the_sweep_does_not_run_is_not_looked_for(tmp_p
 ])
 def test_free_form_blocks_are_checked_when_planning_even_on_another_device(key, value, fragment):
     refused(with_(key, value), fragment)
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "array", "minItems": 1}, "a list of at least one item"),
+    ({"type": "array", "minItems": 10}, "a list of at least 10 items"),
+    ({"type": "array", "maxItems": 4}, "a list of at most 4 items"),
+    ({"type": "array", "minItems": 2, "maxItems": 100, "uniqueItems": True}, "a list of 2 to 100 distinct items"),
+    ({"type": ["integer", "null"], "minimum": 1, "maximum": 50}, "an integer from 1 to 50, or null"),
+    ({"type": "number", "minimum": 0, "exclusiveMaximum": 1}, "a number >= 0 and < 1"),
+])
+def test_a_schema_bound_is_named_in_words(schema, words):
+    assert configs._allowed(schema) == words
