@@ -37,7 +37,8 @@ FIGURE_CAPTIONS = {
                       "the steps at the highest learning rate (Wortsman et al. 2023).",
     "fp8": "FP8 recipes' validation-loss gap to the same-seed baseline run over steps, against the baseline seeds' "
            "noise band.",
-    "fp8_layers": "FP8 scale statistics per layer (amax, share of elements that underflow) for each recipe.",
+    "fp8_layers": "FP8 scale statistics per layer (amax, share of elements that underflow) for each recipe; a "
+                  "recipe with several seeds is their mean, its band their range.",
     "layouts": "Head layouts at matched parameters: final validation loss against tokens/s (marker size: KV-cache "
                "bytes per token), and KV-cache bytes per token (bf16).",
 }
@@ -212,7 +213,11 @@ def fp8_outputs(runs, steps, layers) -> tuple[list[Table], list[plt.Figure]]:
                      "MLP and seed (same initial weights and batches) at the last eval step; band = +- the largest "
                      "distance of a baseline seed from the seeds' mean there (how far another seed moves the loss); "
                      "gap_opens_at_step = the first eval step from which the gap stays outside the band (empty: it "
-                     "never does). " + _SPEED_NOTE +
+                     "never does); best_val_loss and best_val_step = the lowest val loss and its step (a later rise "
+                     "is memorisation of a corpus seen many times over); train_loss = mean training loss over the "
+                     f"last {ex.FP8_TRAIN_WINDOW} steps both runs of a pair logged, train_gap = that minus the "
+                     "baseline's (same batches), train_band_high = the largest distance of a baseline seed's mean there "
+                     "from the seeds' mean. " + _SPEED_NOTE +
                      f" {_runs_note(runs)} {_device(runs)}.",
                      _or_note(frame, ["variant", "seed"], "no run")),
               _table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor, summed over "
@@ -255,10 +260,12 @@ def _fp8_layers_figure(runs, layers) -> plt.Figure:
     if sub.empty:
         return placeholder("FP8 per-layer amax", "no mlp.proj statistics")
     fig, (a, b) = plt.subplots(1, 2, figsize=(14, 4.5))
-    sns.lineplot(data=sub, x="step", y="amax", hue="variant", style="layer", ax=a, legend=False)
+    # a variant with several seeds: their mean, the band their range (errorbar pi 100: no bootstrap, so the same
+    # rows draw the same figure)
+    sns.lineplot(data=sub, x="step", y="amax", hue="variant", style="layer", errorbar=("pi", 100), ax=a, legend=False)
     a.set_yscale("log")
     a.set_title("amax of the down projection's input per layer")
-    sns.lineplot(data=sub, x="step", y="underflow", hue="variant", style="layer", ax=b)
+    sns.lineplot(data=sub, x="step", y="underflow", hue="variant", style="layer", errorbar=("pi", 100), ax=b)
     b.set_title("its underflow share (nonzero values that round to 0)")
     sns.move_legend(b, "upper left", bbox_to_anchor=(1.02, 1), fontsize=7)  # beside both panels, not between
     fig.tight_layout()

@@ -724,45 +724,77 @@ def lr_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 # ---------------------------------------------------------------- FP8
 
 
-def fp8_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per eval step and run: val loss minus its baseline's, beside the baseline seeds' noise band.
+FP8_TRAIN_WINDOW = 100  # the last logged steps whose training loss fp8_frame compares
+
+
+def _fp8_pairs(runs: pd.DataFrame) -> tuple[dict[str, str], list[str]]:
+    """(each trained run's baseline run, the baseline seeds' runs).
 
     The baseline of a run is the run at the first precision with the same MLP and the same seed (the
     same initial weights and batch order, so the difference is the recipe's; a Smooth-SwiGLU run is
     paired with the SwiGLU run when it has none of its own, the same function outside FP8 casts),
-    else the base model's run at that seed. The band is how far another seed moves the loss: at
-    each eval step, +- the largest distance of a baseline seed (the first precision on the base
-    model, one run per seed) from their mean. A gap outside it is an effect larger than the seed's.
+    else the base model's run at that seed. The baseline seeds are the first precision's runs on the
+    base model, one per seed: how far they lie apart is how far another seed moves the loss.
     """
-    cols = ["run", "variant", "step", "val_loss", "baseline", "gap", "band_low", "band_high"]
-    if steps.empty or "val_loss" not in steps or runs.empty:
-        return pd.DataFrame(columns=cols)
-    val = steps.dropna(subset=["val_loss"])[["run", "step", "val_loss"]]
     trained = runs[runs["status"].isin(TRAINED)]
     if trained.empty:
-        return pd.DataFrame(columns=cols)
+        return {}, []
     base_precision, base_mlp = runs["precision"].iloc[0], runs["mlp_variant"].iloc[0]
     at_base = trained[trained["precision"] == base_precision]
-    seeds = at_base[at_base["mlp_variant"] == base_mlp]
-    curves = val[val["run"].isin(seeds["run"])].pivot_table(index="step", columns="run", values="val_loss")
-    half = curves.sub(curves.mean(axis=1), axis=0).abs().max(axis=1)
-    band = pd.DataFrame({"band_low": -half, "band_high": half})
     family = at_base["mlp_variant"].str.removeprefix("smooth-")
-    rows = []
+    pairs = {}
     for _, r in trained.iterrows():
         same_seed = at_base["seed"] == r["seed"]
         candidates = [at_base[same_seed & (at_base["mlp_variant"] == r["mlp_variant"])],
                       at_base[same_seed & (family == r["mlp_variant"].removeprefix("smooth-"))],
                       at_base[same_seed & (at_base["mlp_variant"] == base_mlp)]]
         ref_run = next((c["run"].iloc[0] for c in candidates if len(c)), None)
-        if ref_run is None:
-            continue
-        own = val[val["run"] == r["run"]].set_index("step")["val_loss"]
+        if ref_run is not None:
+            pairs[r["run"]] = ref_run
+    return pairs, at_base[at_base["mlp_variant"] == base_mlp]["run"].tolist()
+
+
+def fp8_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per eval step and run: val loss minus its baseline's (:func:`_fp8_pairs`), beside the baseline seeds'
+    noise band: at each eval step, +- the largest distance of a baseline seed from their mean. A gap outside it
+    is an effect larger than the seed's."""
+    cols = ["run", "variant", "step", "val_loss", "baseline", "gap", "band_low", "band_high"]
+    if steps.empty or "val_loss" not in steps or runs.empty:
+        return pd.DataFrame(columns=cols)
+    pairs, seeds = _fp8_pairs(runs)
+    val = steps.dropna(subset=["val_loss"])[["run", "step", "val_loss"]]
+    curves = val[val["run"].isin(seeds)].pivot_table(index="step", columns="run", values="val_loss")
+    half = curves.sub(curves.mean(axis=1), axis=0).abs().max(axis=1)
+    band = pd.DataFrame({"band_low": -half, "band_high": half})
+    rows = []
+    for run, ref_run in pairs.items():
+        own = val[val["run"] == run].set_index("step")["val_loss"]
         ref = val[val["run"] == ref_run].set_index("step")["val_loss"]
         frame = pd.DataFrame({"val_loss": own, "baseline": ref}).dropna().join(band, how="left")
         frame["gap"] = frame["val_loss"] - frame["baseline"]
-        rows.append(frame.reset_index().rename(columns={"index": "step"}).assign(run=r["run"], variant=r["variant"]))
+        variant = runs.loc[runs["run"] == run, "variant"].iloc[0]
+        rows.append(frame.reset_index().rename(columns={"index": "step"}).assign(run=run, variant=variant))
     return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+
+
+def fp8_train_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame, window: int = FP8_TRAIN_WINDOW) -> pd.DataFrame:
+    """Per run: its mean training loss over its last ``window`` logged steps minus its baseline's over the same
+    steps (:func:`_fp8_pairs`: the same batches), and the band, +- the largest distance of a baseline seed's mean
+    over those steps from the seeds' mean. Where validation data is seen many times over (a small corpus, a long
+    run), validation loss measures memorisation; the training loss says how well each recipe fits what it saw."""
+    cols = ["run", "train_loss", "train_gap", "train_band_high"]
+    if steps.empty or "loss" not in steps or runs.empty:
+        return pd.DataFrame(columns=cols)
+    pairs, seeds = _fp8_pairs(runs)
+    loss = steps.pivot_table(index="step", columns="run", values="loss")
+    rows = []
+    for run, ref_run in pairs.items():
+        window_steps = loss[[run, ref_run]].dropna().index[-window:]  # both logged: a truncated pair's common end
+        mean = loss.loc[window_steps].mean()
+        spread = mean[seeds] - mean[seeds].mean()
+        rows.append({"run": run, "train_loss": mean[run], "train_gap": mean[run] - mean[ref_run],
+                     "train_band_high": spread.abs().max()})
+    return pd.DataFrame(rows, columns=cols)
 
 
 def gap_opens(gaps: pd.DataFrame) -> float:
@@ -778,12 +810,18 @@ def gap_opens(gaps: pd.DataFrame) -> float:
 
 def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per run: status, final val loss, its gap to its baseline (:func:`fp8_gap_frame`) with the band at the last
-    eval step, the step the gap opens at (:func:`gap_opens`), spike scores, speed and whether the GPU was its own."""
+    eval step, the step the gap opens at (:func:`gap_opens`), the lowest val loss and its step, the training-loss
+    gap (:func:`fp8_train_gap_frame`), spike scores, speed and whether the GPU was its own."""
     gaps = fp8_gap_frame(runs, steps)
+    train = fp8_train_gap_frame(runs, steps).set_index("run")
+    val = steps.dropna(subset=["val_loss"]) if "val_loss" in steps else pd.DataFrame(columns=["run", "step"])
     rows = []
     for _, r in runs.iterrows():
         g = gaps[gaps["run"] == r["run"]]
         last = g.sort_values("step").iloc[-1] if len(g) else None
+        own_val = val[val["run"] == r["run"]]
+        best = own_val.loc[own_val["val_loss"].idxmin()] if len(own_val) else None
+        fit = train.loc[r["run"]] if r["run"] in train.index else None
         rows.append({"variant": r.get("variant"), "seed": r.get("seed"), "precision": r.get("precision"),
                      "mlp": r.get("mlp_variant"), "status": r["status"], "emulated": r.get("emulated", False),
                      "final_val_loss": r.get("final_val_loss", math.nan),
@@ -791,6 +829,11 @@ def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                      "band_low": last["band_low"] if last is not None else math.nan,
                      "band_high": last["band_high"] if last is not None else math.nan,
                      "gap_opens_at_step": gap_opens(g) if len(g) else math.nan,
+                     "best_val_loss": best["val_loss"] if best is not None else math.nan,
+                     "best_val_step": best["step"] if best is not None else math.nan,
+                     "train_loss": fit["train_loss"] if fit is not None else math.nan,
+                     "train_gap": fit["train_gap"] if fit is not None else math.nan,
+                     "train_band_high": fit["train_band_high"] if fit is not None else math.nan,
                      "steps_done": r.get("steps_done", math.nan),
                      "spike_score_olmo2_paper_loss": r.get("spike_score_olmo2_paper_loss", math.nan),
                      "spike_score_olmo_core_any": r.get("spike_score_olmo_core_any", math.nan),

@@ -49,3 +49,11 @@ def test_committed_rows_render_with_todays_tables(tmp_path):
     assert recipes.loc["smooth-swiglu-fp8-tensorwise", "gap"] == pytest.approx(0.0087, abs=5e-5)
     assert recipes.loc["smooth-swiglu-fp8-tensorwise", "gap_opens_at_step"] == 899
     assert (recipes["gpu_sharing"] == "alone").all()
+    # in training loss over the last 100 steps, tensorwise and MXFP8 just outside the seeds' band, rowwise inside
+    assert recipes.loc["bf16", "train_band_high"].iloc[0] == pytest.approx(0.00246, abs=5e-6)
+    train_gap = recipes["train_gap"]
+    assert train_gap["fp8-tensorwise"] == pytest.approx(0.0036, abs=5e-5)
+    assert train_gap["mxfp8"] == pytest.approx(0.0031, abs=5e-5)
+    assert train_gap["fp8-rowwise"] == pytest.approx(0.0015, abs=5e-5)
+    assert train_gap["swiglu-fp8-tensorwise"] == pytest.approx(0.0042, abs=5e-5)
+    assert train_gap["smooth-swiglu-fp8-tensorwise"] == pytest.approx(0.0010, abs=5e-5)

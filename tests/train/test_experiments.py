@@ -201,6 +201,26 @@ def test_fp8_gap_opens_where_it_leaves_the_baseline_seeds_band_for_good():
     assert math.isnan(table.loc["bf16", "gap_opens_at_step"].iloc[0])
 
 
+def test_fp8_training_loss_gap_pairs_the_same_steps_and_the_best_val_loss_marks_memorisation():
+    losses = {"fp8/bf16/s0": [2.0, 1.0, 0.8, 0.6], "fp8/bf16/s1": [2.2, 1.2, 1.0, 0.8], "fp8/tw/s0": [2.0, 1.1, 1.0]}
+    val = {"fp8/bf16/s0": [2.1, 1.5, 1.7, 2.0], "fp8/bf16/s1": [2.3, 1.6, 1.8, 2.1], "fp8/tw/s0": [2.1, 1.4, 1.6]}
+    runs = pd.DataFrame([{"run": r, "variant": r.split("/")[1], "seed": int(r[-1]),
+                          "status": "ok" if len(v) == 4 else "truncated",
+                          "precision": "bf16" if "bf16" in r else "fp8-tensorwise", "mlp_variant": "gelu",
+                          "final_val_loss": val[r][-1]} for r, v in losses.items()])
+    step_rows = pd.DataFrame([{"run": r, "step": i, "loss": x, "val_loss": val[r][i]}
+                              for r, v in losses.items() for i, x in enumerate(v)])
+    train = ex.fp8_train_gap_frame(runs, step_rows, window=2).set_index("run")
+    # the truncated run ends at step 2: its window is steps 1-2, and its pair's mean is taken over the same steps
+    assert train.loc["fp8/tw/s0", "train_loss"] == pytest.approx(1.05)
+    assert train.loc["fp8/tw/s0", "train_gap"] == pytest.approx(1.05 - 0.9)
+    assert train.loc["fp8/tw/s0", "train_band_high"] == pytest.approx(0.1)  # seeds' means 0.9 and 1.1 over steps 1-2
+    assert train.loc["fp8/bf16/s0", "train_loss"] == pytest.approx(0.7)  # a finished run: its own last two steps
+    table = ex.fp8_frame(runs, step_rows).set_index("variant")
+    assert table.loc["tw", "best_val_step"] == 1 and table.loc["tw", "best_val_loss"] == pytest.approx(1.4)
+    assert (table.loc["bf16", "best_val_step"] == 1).all()  # val loss rises after step 1 though training loss falls
+
+
 def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
     pytest.importorskip("torchao")
     config = _tiny_config(fp8={"precisions": ["bf16", "fp8-tensorwise"], "seeds": [0], "swiglu_precisions": [],

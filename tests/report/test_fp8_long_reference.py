@@ -1,0 +1,54 @@
+"""The committed long FP8 rows (results/reference/h100/fp8-long: config/sweeps/h200-fp8-long.yaml, which a lease
+ran on an H100) at the numbers docs/training.md ("FP8 over a long run") quotes from them."""
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench.train import experiments as ex
+
+ROWS = Path(__file__).resolve().parents[2] / "results" / "reference" / "h100" / "fp8-long" / "pretrain" / "fp8"
+
+
+@pytest.fixture(scope="module")
+def frames():
+    runs, steps = pd.read_parquet(ROWS / "runs.parquet"), pd.read_parquet(ROWS / "steps.parquet")
+    layers = pd.read_parquet(ROWS / "fp8_layers.parquet")
+    return runs, ex.fp8_frame(runs, steps).set_index("variant"), ex.fp8_layers_frame(runs, layers)
+
+
+def test_five_runs_finished_the_10000_steps_and_four_were_cut(frames):
+    runs, _, _ = frames
+    assert set(runs["steps"]) == {10000} and not runs["git_sha"].str.contains("dirty").any()
+    assert runs["device_name"].str.contains("H100").all() and (runs["gpu_sharing"] == "shared").all()
+    done = runs.set_index("run")["steps_done"]
+    assert (done[runs.set_index("run")["status"] == "ok"] == 10000).all()
+    assert done[runs.set_index("run")["status"] == "truncated"].to_dict() == {
+        "fp8/fp8-rowwise/s0": 3601, "fp8/swiglu-bf16/s0": 4601, "fp8/swiglu-fp8-tensorwise/s0": 3444,
+        "fp8/smooth-swiglu-fp8-tensorwise/s0": 2400}
+
+
+def test_the_corpus_is_memorised_and_fp8_memorises_it_more_slowly(frames):
+    _, table, _ = frames
+    bf16 = table.loc["bf16"]
+    # validation loss is lowest at steps 2000-2500 and has doubled by step 10,000
+    assert bf16["best_val_step"].between(1999, 2499).all() and bf16["best_val_loss"].between(1.38, 1.386).all()
+    assert bf16["final_val_loss"].between(3.05, 3.14).all() and bf16["train_loss"].between(0.25, 0.28).all()
+    for variant, val_gap, opens, train_gap in (("fp8-tensorwise", -0.252, 4499, 0.0536),
+                                               ("mxfp8", -0.206, 5749, 0.0485)):
+        row = table.loc[variant]
+        assert row["gap"] == pytest.approx(val_gap, abs=5e-4) and row["gap_opens_at_step"] == opens
+        assert row["train_gap"] == pytest.approx(train_gap, abs=5e-4)
+        assert row["train_gap"] > 4 * row["train_band_high"]  # the seeds' band at the end: +-0.011
+        assert row["best_val_loss"] == pytest.approx(bf16["best_val_loss"].mean(), abs=0.005)  # same minimum
+    assert bf16["band_high"].iloc[0] == pytest.approx(0.0508, abs=5e-4)
+    assert bf16["train_band_high"].iloc[0] == pytest.approx(0.0112, abs=5e-4)
+
+
+def test_swiglu_down_projection_amax_keeps_growing_without_overflow(frames):
+    _, _, layers = frames
+    peak = layers.groupby("variant")["amax_max"].max()
+    assert peak["swiglu-bf16"] == 164 and peak["swiglu-fp8-tensorwise"] == 168  # 47 and 60 at 1000 steps
+    assert peak[["bf16", "fp8-tensorwise", "fp8-rowwise", "mxfp8"]].max() == 18.5
+    assert peak["smooth-swiglu-fp8-tensorwise"] == 1  # its per-channel scale normalises the input
+    assert (layers["overflow_max"] == 0).all()
