@@ -9,6 +9,10 @@ Sources (``pretrain.data.source``):
   ``pretrain.data.seed``. Its expected per-token loss under the true model (the
   conditional entropy, weighted by how often each context occurs in the validation
   split) is known, so a run can be judged against the floor.
+* ``synthetic-stream``: the same chain, but every training batch is drawn from it afresh
+  (:class:`MarkovStream`), so no window is seen twice however long the run: a corpus read
+  many times over is memorised, and its validation loss then measures memorisation, not
+  the slow drift a long run is for (Fishman et al. 2024 train on 2T tokens).
 
 Split: the first ``1 - val_fraction`` of the bytes train, the rest validate
 (contiguous, so no window straddles both). Order: the batch of step ``t`` is drawn
@@ -38,10 +42,11 @@ import torch
 from attnbench.errors import ConfigError, reject_unknown_keys
 from attnbench.data import CORPORA
 
-SOURCES = ("shakespeare", "file", "synthetic")
+SOURCES = ("shakespeare", "file", "synthetic", "synthetic-stream")
 SYMBOL_OFFSET = 64  # synthetic symbol i is byte 64 + i ("@", "A", "B", ...)
 MIN_BYTES = 1024  # a corpus shorter than this cannot fill a training and a validation window
 MAX_CONTEXTS = 1 << 20  # synthetic vocab ** order: the transition table is (contexts, branching)
+STREAM_BURN_IN = 64  # chain steps a stream window discards: it starts from a state the chain reaches, not a uniform one
 
 
 @dataclass(frozen=True)
@@ -97,22 +102,29 @@ def check_source(cfg: DataConfig, where: str) -> None:
         if size < MIN_BYTES:
             raise ConfigError(f"{where}.path={cfg.path!r} has {size} bytes; "
                               f"allowed: a file of at least {MIN_BYTES} bytes")
-    elif cfg.source == "synthetic":
+    elif cfg.source in ("synthetic", "synthetic-stream"):
         s = cfg.synthetic
         if s.vocab ** s.order > MAX_CONTEXTS or s.branching > s.vocab:
             raise ConfigError(f"{where}.synthetic: vocab={s.vocab}, order={s.order}, branching={s.branching} is not "
                               f"allowed; allowed: vocab ** order <= {MAX_CONTEXTS} and branching <= vocab")
 
 
-def markov_tokens(cfg: SyntheticConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(symbols (tokens,), per-position entropy in nats of the true next-symbol distribution)."""
+def _markov_chain(cfg: SyntheticConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(successors (contexts, branching), their probabilities): each context's ``branching`` distinct next
+    symbols and Dirichlet(1) weights; a context is the last ``order`` symbols in base ``vocab``."""
     if not 2 <= cfg.vocab <= 64 or cfg.order < 1 or not 1 <= cfg.branching <= cfg.vocab:
         raise ConfigError(f"data.synthetic={cfg} is not allowed; allowed: 2 <= vocab <= 64, order >= 1, "
                           "1 <= branching <= vocab")
-    rng = np.random.default_rng(seed)
     contexts = cfg.vocab ** cfg.order
     successors = np.stack([rng.choice(cfg.vocab, cfg.branching, replace=False) for _ in range(contexts)])
-    probs = rng.dirichlet(np.ones(cfg.branching), size=contexts)  # (contexts, branching)
+    return successors, rng.dirichlet(np.ones(cfg.branching), size=contexts)
+
+
+def markov_tokens(cfg: SyntheticConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(symbols (tokens,), per-position entropy in nats of the true next-symbol distribution)."""
+    rng = np.random.default_rng(seed)
+    successors, probs = _markov_chain(cfg, rng)
+    contexts = cfg.vocab ** cfg.order
     entropy = -(probs * np.log(probs)).sum(axis=1)  # (contexts,) nats
     cumulative = probs.cumsum(axis=1).tolist()  # python lists: the chain is sequential, scalar numpy is slower
     succ, ent = successors.tolist(), entropy.tolist()
@@ -181,6 +193,62 @@ class TokenData:
         return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
 
 
+@dataclass
+class MarkovStream:
+    """A synthetic Markov chain (:func:`_markov_chain`) as a :class:`BatchSource` whose training batches are fresh
+    draws: row r of step t's batch is the chain run from a uniformly drawn context for :data:`STREAM_BURN_IN`
+    steps and then ``seq_len + 1`` more, all from a generator seeded with (data seed, data_seed, t), so a resumed
+    run sees the same batches and every step new ones. Validation windows come the same way from a
+    generator of their own, the same for every run; ``loss_floor`` is the mean entropy of the true next-symbol
+    distribution over their targets (the expected loss of the chain itself). Symbols are bytes
+    ``SYMBOL_OFFSET + i``, as in ``synthetic``."""
+
+    name: str
+    sha256: str  # of the transition table
+    vocab: int
+    seed: int
+    successors: np.ndarray  # (contexts, branching)
+    cumulative: np.ndarray  # (contexts, branching) cumulative probabilities
+    entropy: np.ndarray  # (contexts,) nats
+    loss_floor: float = float("nan")  # set by val_batches
+
+    @classmethod
+    def build(cls, cfg: SyntheticConfig, seed: int) -> "MarkovStream":
+        successors, probs = _markov_chain(cfg, np.random.default_rng(seed))
+        table = hashlib.sha256(successors.astype(np.int64).tobytes() + probs.tobytes()).hexdigest()
+        return cls(f"synthetic-stream(v={cfg.vocab},k={cfg.order},b={cfg.branching},seed={seed})", table, cfg.vocab,
+                   seed, successors, probs.cumsum(axis=1), -(probs * np.log(probs)).sum(axis=1))
+
+    def windows(self, rng: np.random.Generator, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """(symbols (rows, length), entropy (rows, length) of the distribution each symbol was drawn from)."""
+        contexts, last = len(self.successors), self.successors.shape[1] - 1
+        state = rng.integers(0, contexts, rows)
+        draws = rng.random((rows, STREAM_BURN_IN + length))
+        symbols, entropy = np.empty((rows, length), np.int64), np.empty((rows, length))
+        for t in range(STREAM_BURN_IN + length):  # sequential in t, vectorised over rows
+            pick = np.minimum((draws[:, t, None] > self.cumulative[state]).sum(axis=1), last)
+            symbol = self.successors[state, pick]
+            if t >= STREAM_BURN_IN:
+                symbols[:, t - STREAM_BURN_IN], entropy[:, t - STREAM_BURN_IN] = symbol, self.entropy[state]
+            state = (state * self.vocab + symbol) % contexts
+        return symbols, entropy
+
+    def _batch(self, symbols: np.ndarray, device: str):
+        tokens = torch.from_numpy(symbols + SYMBOL_OFFSET)
+        return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+    def train_batch(self, step: int, seed: int, batch_size: int, seq_len: int, device: str):
+        symbols, _ = self.windows(np.random.default_rng((self.seed, seed, step)), batch_size, seq_len + 1)
+        return self._batch(symbols, device)
+
+    def val_batches(self, n_batches: int, batch_size: int, seq_len: int, device: str):
+        # a generator no training step uses: training seeds three integers, this one two
+        symbols, entropy = self.windows(np.random.default_rng((self.seed, 1 << 32)), n_batches * batch_size,
+                                        seq_len + 1)
+        self.loss_floor = float(entropy[:, 1:].mean())  # the targets are positions 1 .. seq_len
+        return [self._batch(symbols[i * batch_size:(i + 1) * batch_size], device) for i in range(n_batches)]
+
+
 def _split(raw: np.ndarray, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor, int]:
     cut = int(len(raw) * (1 - val_fraction))
     tokens = torch.from_numpy(raw.astype(np.uint8))
@@ -188,8 +256,11 @@ def _split(raw: np.ndarray, val_fraction: float) -> tuple[torch.Tensor, torch.Te
 
 
 @functools.lru_cache(maxsize=4)  # an experiment's runs share their data: read (and hash) it once per process
-def load_tokens(cfg: DataConfig) -> TokenData:
-    """Read or generate the bytes, record their SHA-256, split them (read-only tensors: callers index, never write)."""
+def load_tokens(cfg: DataConfig) -> TokenData | MarkovStream:
+    """Read or generate the bytes, record their SHA-256, split them (read-only tensors: callers index, never write);
+    for ``synthetic-stream``, the chain that draws every batch afresh."""
+    if cfg.source == "synthetic-stream":
+        return MarkovStream.build(cfg.synthetic, cfg.seed)
     if cfg.source == "synthetic":
         symbols, entropy = markov_tokens(cfg.synthetic, cfg.seed)
         raw = (symbols + SYMBOL_OFFSET).astype(np.uint8)

@@ -17,7 +17,7 @@ import yaml
 from attnbench.errors import ConfigError
 from attnbench.data import CORPORA
 from attnbench.models.gpt import GPTConfig
-from attnbench.train.data import DataConfig, SyntheticConfig, load_tokens
+from attnbench.train.data import DataConfig, SyntheticConfig, check_source, load_tokens
 from attnbench.train.loop import RunSpec, TrainConfig, lr_at, speed_stats, train
 from attnbench.train.precision import (FORMATS, Fp8StatsRecorder, MXFP8EmulatedLinear, fp8_tensor_stats,
                                        get_precision, mx_quantize)
@@ -64,6 +64,35 @@ def test_file_source_and_synthetic_floor(tmp_path):
     assert synth.sha256 == load_tokens(SYNTH).sha256  # seeded
     with pytest.raises(ConfigError, match="data.source='web'"):
         DataConfig(source="web")
+
+
+def test_synthetic_stream_draws_every_batch_afresh_from_the_chain_with_a_known_floor(tmp_path):
+    cfg = DataConfig(source="synthetic-stream", synthetic=SyntheticConfig(vocab=8, order=2, branching=3))
+    stream = load_tokens(cfg)
+    x1, y1 = stream.train_batch(7, seed=0, batch_size=4, seq_len=32, device="cpu")
+    x2, _ = stream.train_batch(7, seed=0, batch_size=4, seq_len=32, device="cpu")
+    assert torch.equal(x1, x2) and torch.equal(x1[:, 1:], y1[:, :-1])  # a pure function of (seed, step)
+    others = [stream.train_batch(step, seed, 4, 32, "cpu")[0] for step, seed in ((8, 0), (7, 1))]
+    assert not any(torch.equal(x1, x) for x in others)  # another step or data seed: other windows
+    # every symbol is one of its context's successors, so the data is the chain's, and symbols are bytes 64 + i
+    chain = torch.cat([x1, y1[:, -1:]], dim=1) - 64
+    assert chain.min() >= 0 and chain.max() < 8
+    successors = torch.from_numpy(stream.successors)
+    for row in chain:
+        for t in range(2, len(row)):
+            assert row[t] in successors[row[t - 2] * 8 + row[t - 1]]
+    val = stream.val_batches(2, 4, 32, "cpu")
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(val, stream.val_batches(2, 4, 32, "cpu")))
+    assert 0 < stream.loss_floor < math.log(3)
+    assert stream.sha256 == load_tokens(dataclasses.replace(cfg, val_fraction=0.5)).sha256  # the table, not a split
+    assert stream.sha256 != load_tokens(dataclasses.replace(cfg, seed=1)).sha256
+    with pytest.raises(ConfigError, match="vocab \\*\\* order <= 1048576"):  # the table's size, checked when planned
+        check_source(dataclasses.replace(cfg, synthetic=SyntheticConfig(vocab=64, order=4)), "pretrain.data")
+    # a run trains on it and records its floor
+    spec = RunSpec("t", TINY_MODEL, TINY_TRAIN, cfg)
+    summary = train(spec, tmp_path, "cpu", peak_flops=1e9, peak_flops_source="a test ceiling")
+    assert summary["status"] == "ok" and summary["loss_floor"] == pytest.approx(stream.loss_floor)
+    assert summary["corpus"] == stream.name and summary["corpus_sha256"] == stream.sha256
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
