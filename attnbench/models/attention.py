@@ -32,20 +32,21 @@ from attnbench.models.rope import apply_rope
 LOGIT_BLOCK_ELEMENTS = 1 << 24  # score elements per query block of the max-logit probe
 
 
-def causal_max_logit(q: Tensor, k: Tensor, scale: float) -> float:
-    """max over heads and causal (i >= j) pairs of scale * q_i . k_j, in fp32, over blocks of query rows."""
+def causal_max_logit(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    """max over heads and causal (i >= j) pairs of scale * q_i . k_j, in fp32, over blocks of query rows; a 0-d
+    tensor on q's device, so that a probe of every layer syncs with the device once, not once a block."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
     b, h, s, _ = q.shape
     block = max(1, LOGIT_BLOCK_ELEMENTS // max(1, b * h * s))
-    best = float("-inf")
+    best = torch.tensor(float("-inf"), device=q.device)
     kf = k.float().transpose(-2, -1)  # (B, H, Dqk, S)
     for i in range(0, s, block):
         j = min(s, i + block)
         scores = torch.matmul(q[:, :, i:j].float() * scale, kf[..., :j])  # (B, H, j-i, j)
         hidden = torch.ones(j - i, j, dtype=torch.bool, device=q.device).triu(diagonal=i + 1)
-        best = max(best, scores.masked_fill(hidden, float("-inf")).max().item())
+        best = torch.maximum(best, scores.masked_fill(hidden, float("-inf")).amax())
     return best
 
 
@@ -70,7 +71,7 @@ class _Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
     @torch.no_grad()
-    def max_logit(self, x: Tensor, cos: Tensor, sin: Tensor) -> float:
+    def max_logit(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """Largest pre-softmax attention logit on this input (Wortsman et al. 2023, attention logit growth)."""
         q, k, _ = self.qkv(x, cos, sin)
         return causal_max_logit(q, k, self.scale)

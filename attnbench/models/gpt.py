@@ -251,7 +251,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             out.append(block.attn.max_logit(block.ln_1(x), cos, sin))
             x = block(x, cos, sin)
-        return out
+        return torch.stack(out).tolist()  # the probe's one device sync
 
     def num_params(self) -> int:
         """Distinct parameters (the tied embedding counted once)."""

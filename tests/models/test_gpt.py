@@ -40,6 +40,17 @@ def test_forward_backward_shapes_for_every_layout(name):
     assert len(logits_max) == model.cfg.n_layers and all(v == v for v in logits_max)
 
 
+def test_max_logit_probe_is_the_largest_causal_score_over_query_blocks(monkeypatch):
+    from attnbench.models import attention
+
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 40, 8), torch.randn(2, 2, 40, 8)  # GQA: each K head serves two query heads
+    scores = q @ k.repeat_interleave(2, dim=1).transpose(-2, -1) * 0.5
+    expected = scores.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf")).max()
+    monkeypatch.setattr(attention, "LOGIT_BLOCK_ELEMENTS", 2 * 4 * 40 * 7)  # blocks of 7 query rows
+    assert attention.causal_max_logit(q, k, 0.5).item() == pytest.approx(expected.item())
+
+
 def test_attention_shapes_per_layout():
     x = torch.randn(2, 10, 32)
     for name, kv_heads, dqk, dv in (("mha", 4, 8, 8), ("gqa", 2, 8, 8), ("mqa", 1, 8, 8), ("mla", 4, 24, 16)):
