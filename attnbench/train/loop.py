@@ -25,7 +25,10 @@ time, energy (NVML's energy counter around the timed step on CUDA; NaN elsewhere
 ``tokens_per_j`` in the summary), memory, non-finite and skipped flags, the fp16
 loss scale, FP8 scale statistics summed over layers (every ``fp8_stats_every``
 steps; per layer in ``fp8_layers.parquet``) and validation loss (every
-``eval_every`` steps, at the last step, and where a time budget cuts the run).
+``eval_every`` steps, at the last step, and where a time budget cuts the run). Beside the
+timed step, the wall time of the work around it where a step does it: the max-logit probe
+(``probe_s``), the FP8 statistics' extra forward and backward (``fp8_stats_s``) and the
+validation (``val_s``), so a run's wall time can be accounted for.
 
 Loss: cross-entropy plus ``z_loss * mean(log Z ** 2)`` (PaLM, Chowdhery et al. 2022
 §5; Wortsman et al. 2023 use 1e-4). A step whose loss or gradient is not finite
@@ -328,16 +331,22 @@ class Run:
         x, y = data.train_batch(step, cfg.data_seed, cfg.batch_size, cfg.seq_len, device)
         row = {"step": step, "lr": lr}
         if cfg.probe_every and step % cfg.probe_every == 0:
+            began = time.perf_counter()
             with self.precision.autocast(device):
-                for i, value in enumerate(model.max_attention_logits(x)):
+                for i, value in enumerate(model.max_attention_logits(x)):  # synced: the values are floats
                     row[f"max_logit_l{i}"] = value
+            row["probe_s"] = time.perf_counter() - began
         if self.recorder and cfg.fp8_stats_every and step % cfg.fp8_stats_every == 0:
+            began = time.perf_counter()
             with self.recorder.recording(), self.precision.autocast(device):
                 lm_loss(model(x), y)[0].backward()
             self.opt.zero_grad(set_to_none=True)
             row.update(self.recorder.row())
             if cfg.fp8_stats_layers:
                 layer_rows += self.recorder.layer_rows(step)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            row["fp8_stats_s"] = time.perf_counter() - began
         if device == "cuda":
             torch.cuda.synchronize()
         energy_mj = self.telemetry.energy_mj()
@@ -453,7 +462,9 @@ def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak
         updates = step + 1
         out_of_time = deadline is not None and time.monotonic() > deadline and updates < spec.train.steps
         if updates % spec.train.eval_every == 0 or updates == spec.train.steps or out_of_time:
+            began = time.perf_counter()
             row["val_loss"] = evaluate(run.model, val, run.precision, device)
+            row["val_s"] = time.perf_counter() - began
             sharing.sample()
         rows.append(row)
         run.snapshot(updates)

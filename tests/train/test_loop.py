@@ -112,6 +112,10 @@ def test_run_writes_step_log_and_summary(tmp_path):
         assert col in steps, col
     assert steps["max_logit_l0"].notna().sum() == 4  # probe every 3 steps
     assert steps["val_loss"].notna().sum() == 2
+    # the work around the timed step is timed where it happened: probe, FP8 statistics, validation
+    for column, marks in (("probe_s", "max_logit_l0"), ("fp8_stats_s", "fp8_tensorwise_grad_underflow"),
+                          ("val_s", "val_loss")):
+        assert steps[column].notna().equals(steps[marks].notna()) and (steps[column].dropna() > 0).all(), column
     assert (steps["update_rms"] > 0).all() and steps["loss"].notna().all()
     assert summary["corpus_sha256"] == load_tokens(SYNTH).sha256
     assert summary["mfu"] > 0 and summary["peak_flops_source"] == "a test ceiling"
