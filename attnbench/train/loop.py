@@ -336,19 +336,19 @@ class Run:
                 for i, value in enumerate(model.max_attention_logits(x)):  # synced: the values are floats
                     row[f"max_logit_l{i}"] = value
             row["probe_s"] = time.perf_counter() - began
-        if self.recorder and cfg.fp8_stats_every and step % cfg.fp8_stats_every == 0:
-            began = time.perf_counter()
+        stats = self.recorder and cfg.fp8_stats_every and step % cfg.fp8_stats_every == 0
+        began = time.perf_counter()
+        if stats:
             with self.recorder.recording(), self.precision.autocast(device):
                 lm_loss(model(x), y)[0].backward()
             self.opt.zero_grad(set_to_none=True)
             row.update(self.recorder.row())
             if cfg.fp8_stats_layers:
                 layer_rows += self.recorder.layer_rows(step)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            row["fp8_stats_s"] = time.perf_counter() - began
         if device == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # the timed step starts on an idle device; the statistics' work ends here
+        if stats:
+            row["fp8_stats_s"] = time.perf_counter() - began
         energy_mj = self.telemetry.energy_mj()
         start = time.perf_counter()
         with self.precision.autocast(device):
