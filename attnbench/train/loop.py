@@ -223,9 +223,9 @@ def evaluate(model, batches, precision, device) -> float:
     losses = []
     for x, y in batches:
         with precision.autocast(device):
-            losses.append(lm_loss(model(x), y)[0].item())
+            losses.append(lm_loss(model(x), y)[0])
     model.train()
-    return float(np.mean(losses))
+    return float(np.mean(torch.stack(losses).tolist()))  # one device sync, not one a batch
 
 
 def _resolve_backend(spec: RunSpec, device: str, dtype: torch.dtype) -> tuple[GPTConfig, dict]:

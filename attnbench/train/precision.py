@@ -255,6 +255,12 @@ class Fp8Stats:
     overflow: int = 0
     underflow: int = 0
 
+    @classmethod
+    def from_counts(cls, counts: list[float]) -> "Fp8Stats":
+        """From a row of :func:`fp8_tensor_counts` (moved to the host)."""
+        amax, log2_scale_sum, *rest = counts
+        return cls(amax, log2_scale_sum, *map(int, rest))
+
     def add(self, other: "Fp8Stats") -> None:
         self.amax = max(self.amax, other.amax)
         for f in ("log2_scale_sum", "groups", "elements", "nonzero", "overflow", "underflow"):
@@ -301,8 +307,13 @@ def _scales(amax: torch.Tensor, recipe: str, fmt: Fp8Format) -> torch.Tensor:
     return torch.exp2(-(torch.floor(torch.log2(safe)) - E4M3_EMAX))  # mxfp8-floor
 
 
-def fp8_tensor_stats(x: torch.Tensor, recipe: str, fmt: str) -> Fp8Stats:
-    """amax, scales, overflow and underflow counts of casting ``x`` to ``fmt`` under ``recipe``."""
+def fp8_tensor_counts(x: torch.Tensor, recipe: str, fmt: str) -> torch.Tensor:
+    """:class:`Fp8Stats`'s fields for casting ``x`` to ``fmt`` under ``recipe``, as a float64 vector on x's device.
+
+    Nothing here waits for the device (no ``.item()``, no boolean indexing), so a recording of
+    every layer, recipe and tensor moves its counts to the host in one transfer
+    (:meth:`Fp8StatsRecorder.summaries`); float64 holds the counts exactly up to 2^53.
+    """
     if recipe not in STATS_RECIPES:
         raise ValueError(f"fp8 stats recipe={recipe!r} is not allowed; allowed: {', '.join(STATS_RECIPES)}")
     f = FORMATS[fmt]
@@ -313,11 +324,21 @@ def fp8_tensor_stats(x: torch.Tensor, recipe: str, fmt: str) -> Fp8Stats:
     y = g * scale[:, None]
     nonzero = g != 0
     over = y.abs() > f.overflow_above
-    rounded = f.round(y)
-    under = nonzero & (rounded == 0)
-    return Fp8Stats(amax=float(amax.max()) if amax.numel() else 0.0,
-                    log2_scale_sum=float(torch.log2(scale[live]).sum()), groups=int(live.sum()),
-                    elements=x.numel(), nonzero=int(nonzero.sum()), overflow=int(over.sum()), underflow=int(under.sum()))
+    under = nonzero & (f.round(y) == 0)
+    log2_scale = torch.where(live, torch.log2(scale), 0.0)
+    return torch.stack([amax.max() if amax.numel() else amax.new_zeros(()), log2_scale.double().sum(),
+                        live.sum(), torch.tensor(x.numel(), device=x.device), nonzero.sum(), over.sum(),
+                        under.sum()]).double()
+
+
+def fp8_tensor_stats(x: torch.Tensor, recipe: str, fmt: str) -> Fp8Stats:
+    """amax, scales, overflow and underflow counts of casting ``x`` to ``fmt`` under ``recipe`` (one device sync)."""
+    return Fp8Stats.from_counts(fp8_tensor_counts(x, recipe, fmt).tolist())
+
+
+def _add_counts(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Two :func:`fp8_tensor_counts` vectors of one (layer, recipe, kind) combined: the larger amax, the sums."""
+    return torch.cat([torch.maximum(a[:1], b[:1]), a[1:] + b[1:]])
 
 
 class Fp8StatsRecorder:
@@ -325,7 +346,9 @@ class Fp8StatsRecorder:
 
     Records each layer's input and weight in the forward pass and the gradient of its
     output in the backward pass (through a hook on the output tensor), for every recipe,
-    per layer (:meth:`layer_rows`) and summed over layers (:meth:`row`).
+    per layer (:meth:`layer_rows`) and summed over layers (:meth:`row`). The counts stay on
+    the device until the first of those is asked for: one device sync per recording, not
+    seven per layer, recipe and tensor (3,024 at the pretraining model's 36 Linears and 4 recipes).
     """
 
     def __init__(self, model: nn.Module, recipes: tuple[str, ...]):
@@ -334,14 +357,17 @@ class Fp8StatsRecorder:
                 raise ValueError(f"train.fp8_stats: recipe {r!r} is not allowed; allowed: {', '.join(STATS_RECIPES)}")
         self.recipes = tuple(recipes)
         self.active = False
-        self.stats: dict[tuple[str, str, str], Fp8Stats] = {}  # (layer, recipe, kind) -> counts
+        self.counts: dict[tuple[str, str, str], torch.Tensor] = {}  # (layer, recipe, kind) -> on the device
+        self._summaries: dict[tuple[str, str, str], Fp8Stats] | None = None
         self.handles = [m.register_forward_hook(functools.partial(self._hook, n))
                         for n, m in model.named_modules() if fp8_linear_filter(m, n)]
 
     def _record(self, layer: str, kind: str, tensor: torch.Tensor) -> None:
         for recipe in self.recipes:
             fmt = RECIPE_FORMATS[recipe][TENSOR_KINDS.index(kind)]
-            self.stats.setdefault((layer, recipe, kind), Fp8Stats()).add(fp8_tensor_stats(tensor, recipe, fmt))
+            counts = fp8_tensor_counts(tensor, recipe, fmt)
+            key = (layer, recipe, kind)
+            self.counts[key] = _add_counts(self.counts[key], counts) if key in self.counts else counts
 
     def _hook(self, layer, module, args, output):
         if not self.active:
@@ -353,16 +379,24 @@ class Fp8StatsRecorder:
 
     @contextlib.contextmanager
     def recording(self):
-        self.stats, self.active = {}, True
+        self.counts, self._summaries, self.active = {}, None, True
         try:
             yield self
         finally:
             self.active = False
 
+    def summaries(self) -> dict[tuple[str, str, str], Fp8Stats]:
+        """The last recording's :class:`Fp8Stats` per (layer, recipe, kind), moved to the host in one transfer."""
+        if self._summaries is None:
+            keys = sorted(self.counts)
+            host = torch.stack([self.counts[k] for k in keys]).tolist() if keys else []
+            self._summaries = {k: Fp8Stats.from_counts(c) for k, c in zip(keys, host)}
+        return self._summaries
+
     def row(self) -> dict[str, float]:
         """``fp8_<recipe>_<kind>_<stat>`` columns of the last recording, over every layer."""
         total: dict[tuple[str, str], Fp8Stats] = {}
-        for (_, recipe, kind), s in self.stats.items():
+        for (_, recipe, kind), s in self.summaries().items():
             total.setdefault((recipe, kind), Fp8Stats()).add(s)
         out = {}
         for (recipe, kind), s in total.items():
@@ -373,7 +407,7 @@ class Fp8StatsRecorder:
     def layer_rows(self, step: int) -> list[dict]:
         """One row per (layer, recipe, kind) of the last recording: amax, scale_log2, overflow, underflow."""
         return [{"step": step, "layer": layer, "recipe": recipe, "kind": kind, **s.summary()}
-                for (layer, recipe, kind), s in sorted(self.stats.items())]
+                for (layer, recipe, kind), s in self.summaries().items()]
 
     def remove(self) -> None:
         for h in self.handles:

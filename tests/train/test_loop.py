@@ -16,11 +16,12 @@ import yaml
 
 from attnbench.errors import ConfigError
 from attnbench.data import CORPORA
-from attnbench.models.gpt import GPTConfig
+from attnbench.models.gpt import GPT, GPTConfig
 from attnbench.train.data import DataConfig, SyntheticConfig, check_source, load_tokens
 from attnbench.train.loop import RunSpec, TrainConfig, lr_at, speed_stats, train
-from attnbench.train.precision import (FORMATS, Fp8StatsRecorder, MXFP8EmulatedLinear, fp8_tensor_stats,
-                                       get_precision, mx_quantize)
+from attnbench.train.precision import (FORMATS, RECIPE_FORMATS, STATS_RECIPES, TENSOR_KINDS, Fp8Stats,
+                                       Fp8StatsRecorder, MXFP8EmulatedLinear, fp8_tensor_stats, get_precision,
+                                       mx_quantize)
 
 TINY_MODEL = GPTConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=16)
 TINY_TRAIN = TrainConfig(steps=12, batch_size=4, seq_len=16, lr=1e-2, warmup_steps=2, eval_every=6, eval_batches=1,
@@ -385,6 +386,38 @@ def test_fp8_recorder_sees_inputs_weights_and_output_gradients():
     # d(sum)/d(out of layer 1) is all ones; into layer 0's output it is W1^T 1, i.e. the column sums of W1
     expected = max(1.0, model[1].weight.detach().sum(0).abs().max().item())
     assert row["fp8_tensorwise_grad_amax"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_fp8_recorder_waits_for_the_device_once_a_recording(monkeypatch):
+    """No count leaves the device while the model runs; the first summary moves them all at once and
+    they equal the per-tensor statistics (a layer's counts summed over its calls)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, max_seq_len=32, backend="sdpa-math"))
+    rec = Fp8StatsRecorder(model, STATS_RECIPES)
+    seen, record = {}, rec._record
+
+    def keep(layer, kind, tensor):  # returns None: it is also a gradient hook
+        seen.setdefault((layer, kind), []).append(tensor.detach().clone())
+        record(layer, kind, tensor)
+
+    monkeypatch.setattr(rec, "_record", keep)
+    x, reads = torch.randint(0, 64, (4, 32)), []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _name=name, _original=original, **k: (
+            reads.append(_name), _original(self, *a, **k))[1])
+    with rec.recording():
+        model(x).float().logsumexp(-1).mean().backward()
+    assert reads == []
+    summaries = rec.summaries()
+    assert reads == ["tolist"] and rec.summaries() is summaries  # one transfer, kept for row() and layer_rows()
+    monkeypatch.undo()
+    assert len(summaries) == len(seen) * len(STATS_RECIPES) == len(rec.handles) * 3 * len(STATS_RECIPES)
+    for (layer, recipe, kind), got in summaries.items():
+        want = Fp8Stats()
+        for t in seen[(layer, kind)]:
+            want.add(fp8_tensor_stats(t, recipe, RECIPE_FORMATS[recipe][TENSOR_KINDS.index(kind)]))
+        assert got == want
 
 
 def test_precision_names():
