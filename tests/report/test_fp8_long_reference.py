@@ -1,5 +1,6 @@
 """The committed long FP8 rows (results/reference/h100/fp8-long: config/sweeps/h200-fp8-long.yaml, which a lease
 ran on an H100) at the numbers docs/training.md ("FP8 over a long run") quotes from them."""
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -7,7 +8,9 @@ import pytest
 
 from attnbench.train import experiments as ex
 
-ROWS = Path(__file__).resolve().parents[2] / "results" / "reference" / "h100" / "fp8-long" / "pretrain" / "fp8"
+REPO = Path(__file__).resolve().parents[2]
+SWEEP = REPO / "results" / "reference" / "h100" / "fp8-long"
+ROWS = SWEEP / "pretrain" / "fp8"
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +55,37 @@ def test_swiglu_down_projection_amax_keeps_growing_without_overflow(frames):
     assert peak[["bf16", "fp8-tensorwise", "fp8-rowwise", "mxfp8"]].max() == 18.5
     assert peak["smooth-swiglu-fp8-tensorwise"] == 1  # its per-channel scale normalises the input
     assert (layers["overflow_max"] == 0).all()
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory):
+    """The committed rows in a sweep folder of their own, with the pretraining stage's outputs written anew."""
+    from attnbench.report import stages
+
+    folder = tmp_path_factory.mktemp("fp8-long")
+    shutil.copytree(ROWS, folder / "pretrain" / "fp8")
+    stages.write("pretrain", folder, ("fp8",))
+    return folder
+
+
+def test_committed_tables_are_what_the_rows_give(rebuilt):
+    committed = sorted((SWEEP / "pretrain" / "tables").glob("*.csv"))
+    assert [p.name for p in committed] == ["fp8.csv", "fp8_layers.csv", "fp8_scales.csv", "fp8_spikes.csv"]
+    for path in committed:
+        pd.testing.assert_frame_equal(pd.read_csv(rebuilt / "pretrain" / "tables" / path.name), pd.read_csv(path),
+                                      obj=str(path.relative_to(SWEEP)))
+
+
+@pytest.mark.skipif(shutil.which("jupyter") is None and shutil.which("jupytext") is None,
+                    reason="needs the report extra (jupytext, nbconvert, ipykernel)")
+def test_the_report_renders_the_long_runs_pretraining_section(rebuilt, tmp_path):
+    """reports/reference/h100/fp8-long/report.html is this render of the committed folder (docs/reference-runs.md)."""
+    from attnbench.report.notebook import render, section_sources
+
+    page = render(section_sources(REPO / "workflow" / "notebooks"), rebuilt, tmp_path / "report.html",
+                  planned=("pretrain",)).read_text()
+    assert "Traceback" not in page
+    for name in ("fp8", "fp8_scales", "fp8_layers", "fp8_spikes"):
+        assert f"Table ({name})" in page
+    assert "Figure (fp8)" in page and "Figure (fp8_layers)" in page and "Table (divergence)" not in page
+    assert "Runs: 5 ok, 4 truncated. NVIDIA H100 80GB HBM3" in page
