@@ -26,9 +26,12 @@ time, energy (NVML's energy counter around the timed step on CUDA; NaN elsewhere
 loss scale, FP8 scale statistics summed over layers (every ``fp8_stats_every``
 steps; per layer in ``fp8_layers.parquet``) and validation loss (every
 ``eval_every`` steps, at the last step, and where a time budget cuts the run). Beside the
-timed step, the wall time of the work around it where a step does it: the max-logit probe
-(``probe_s``), the FP8 statistics' extra forward and backward (``fp8_stats_s``) and the
-validation (``val_s``), so a run's wall time can be accounted for.
+timed step, the wall time of the work around it where a step does it: building the batch
+(``data_s``, every step), the max-logit probe (``probe_s``), the FP8 statistics' extra forward
+and backward (``fp8_stats_s``), the validation (``val_s``) and the checkpoint written after the
+step (``ckpt_s``; the row a resumed run restarted from lacks it, as the checkpoint holds that
+row as it was before its own save was timed), so a run's wall time can be accounted for. The
+compile falls in the first timed step after each start or resume.
 
 Loss: cross-entropy plus ``z_loss * mean(log Z ** 2)`` (PaLM, Chowdhery et al. 2022
 §5; Wortsman et al. 2023 use 1e-4). A step whose loss or gradient is not finite
@@ -328,8 +331,9 @@ class Run:
         lr = lr_at(step, cfg)
         for group in self.opt.param_groups:
             group["lr"] = lr
+        began = time.perf_counter()
         x, y = data.train_batch(step, cfg.data_seed, cfg.batch_size, cfg.seq_len, device)
-        row = {"step": step, "lr": lr}
+        row = {"step": step, "lr": lr, "data_s": time.perf_counter() - began}
         if cfg.probe_every and step % cfg.probe_every == 0:
             began = time.perf_counter()
             with self.precision.autocast(device):
@@ -476,7 +480,9 @@ def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak
             status, reason = "truncated", f"time budget reached after {updates} of {spec.train.steps} steps"
             break
         if spec.train.ckpt_every and updates % spec.train.ckpt_every == 0 and updates < spec.train.steps:
+            began = time.perf_counter()
             _atomic_save(run.state(updates, log, counters), ckpt_path)
+            row["ckpt_s"] = time.perf_counter() - began  # after the save: the checkpoint's own copy of the row lacks it
     sharing.sample()
     frame = pd.DataFrame(rows)
     frame.insert(0, "run", spec.name)

@@ -113,10 +113,11 @@ def test_run_writes_step_log_and_summary(tmp_path):
         assert col in steps, col
     assert steps["max_logit_l0"].notna().sum() == 4  # probe every 3 steps
     assert steps["val_loss"].notna().sum() == 2
-    # the work around the timed step is timed where it happened: probe, FP8 statistics, validation
+    # the work around the timed step is timed where it happened: batch, probe, FP8 statistics, validation, checkpoint
     for column, marks in (("probe_s", "max_logit_l0"), ("fp8_stats_s", "fp8_tensorwise_grad_underflow"),
-                          ("val_s", "val_loss")):
+                          ("val_s", "val_loss"), ("data_s", "loss")):
         assert steps[column].notna().equals(steps[marks].notna()) and (steps[column].dropna() > 0).all(), column
+    assert steps.dropna(subset=["ckpt_s"])["step"].tolist() == [3, 7]  # after updates 4 and 8 of 12 (ckpt_every 4)
     assert (steps["update_rms"] > 0).all() and steps["loss"].notna().all()
     assert summary["corpus_sha256"] == load_tokens(SYNTH).sha256
     assert summary["mfu"] > 0 and summary["peak_flops_source"] == "a test ceiling"
