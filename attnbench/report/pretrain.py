@@ -63,8 +63,11 @@ def _device(runs: pd.DataFrame) -> str:
     if "device_name" not in runs or runs["device_name"].dropna().empty:
         return "unknown device"
     row = runs.dropna(subset=["device_name"]).iloc[0]
+    floor = row.get("loss_floor")
     return f"{row['device_name']}, torch {row.get('torch_version', '?')}, corpus {row.get('corpus', '?')} " \
-           f"(sha256 {str(row.get('corpus_sha256', ''))[:12]})"
+           f"(sha256 {str(row.get('corpus_sha256', ''))[:12]})" + \
+           (f", loss floor {floor:.4f} (the synthetic chain's entropy over the validation targets: the loss of the "
+            f"chain itself)" if floor is not None and pd.notna(floor) else "")
 
 
 SPIKE_NOTE = ("Spike scores at their sources' definitions: olmo2_paper = percent of points at least "

@@ -232,6 +232,8 @@ def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
     names = _rendered("fp8", tmp_path / "exp", tmp_path / "report")
     assert {"fp8.md", "fp8_scales.md", "fp8_layers.md", "fp8_spikes.md", "fp8.png", "fp8_layers.png"} <= names
     assert "blocks.0.mlp.proj" in (tmp_path / "report" / "tables" / "fp8_layers.md").read_text()
+    floor = frames["runs"]["loss_floor"].iloc[0]  # the synthetic chain's: the caption says how close a run came
+    assert 0 < floor and f"loss floor {floor:.4f}" in (tmp_path / "report" / "tables" / "fp8.md").read_text()
 
 
 def test_ceilings_of_another_device_give_no_mfu():
