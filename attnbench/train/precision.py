@@ -310,7 +310,8 @@ def _scales(amax: torch.Tensor, recipe: str, fmt: Fp8Format) -> torch.Tensor:
 def fp8_tensor_counts(x: torch.Tensor, recipe: str, fmt: str) -> torch.Tensor:
     """:class:`Fp8Stats`'s fields for casting ``x`` to ``fmt`` under ``recipe``, as a float64 vector on x's device.
 
-    Nothing here waits for the device (no ``.item()``, no boolean indexing), so a recording of
+    Nothing here waits for the device (no ``.item()``, no boolean indexing, no tensor made from host
+    data), so a recording of
     every layer, recipe and tensor moves its counts to the host in one transfer
     (:meth:`Fp8StatsRecorder.summaries`); float64 holds the counts exactly up to 2^53.
     """
@@ -327,8 +328,8 @@ def fp8_tensor_counts(x: torch.Tensor, recipe: str, fmt: str) -> torch.Tensor:
     under = nonzero & (f.round(y) == 0)
     log2_scale = torch.where(live, torch.log2(scale), 0.0)
     return torch.stack([amax.max() if amax.numel() else amax.new_zeros(()), log2_scale.double().sum(),
-                        live.sum(), torch.tensor(x.numel(), device=x.device), nonzero.sum(), over.sum(),
-                        under.sum()]).double()
+                        live.sum(), g.new_full((), x.numel(), dtype=torch.float64),  # a fill, not a host copy
+                        nonzero.sum(), over.sum(), under.sum()]).double()
 
 
 def fp8_tensor_stats(x: torch.Tensor, recipe: str, fmt: str) -> Fp8Stats:

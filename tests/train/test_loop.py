@@ -390,8 +390,8 @@ def test_fp8_recorder_sees_inputs_weights_and_output_gradients():
 
 
 def test_fp8_recorder_waits_for_the_device_once_a_recording(monkeypatch):
-    """No count leaves the device while the model runs; the first summary moves them all at once and
-    they equal the per-tensor statistics (a layer's counts summed over its calls)."""
+    """No count leaves the device while the model runs, and no host value is copied to it; the first summary moves
+    them all at once and they equal the per-tensor statistics (a layer's counts summed over its calls)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, max_seq_len=32, backend="sdpa-math"))
     rec = Fp8StatsRecorder(model, STATS_RECIPES)
@@ -407,6 +407,8 @@ def test_fp8_recorder_waits_for_the_device_once_a_recording(monkeypatch):
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _name=name, _original=original, **k: (
             reads.append(_name), _original(self, *a, **k))[1])
+    monkeypatch.setattr(torch, "tensor", lambda *a, _original=torch.tensor, **k: (  # host data copied to the device
+        reads.append("tensor"), _original(*a, **k))[1])
     with rec.recording():
         model(x).float().logsumexp(-1).mean().backward()
     assert reads == []
