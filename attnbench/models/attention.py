@@ -40,7 +40,7 @@ def causal_max_logit(q: Tensor, k: Tensor, scale: float) -> Tensor:
         k = k.repeat_interleave(group, dim=1)
     b, h, s, _ = q.shape
     block = max(1, LOGIT_BLOCK_ELEMENTS // max(1, b * h * s))
-    best = torch.tensor(float("-inf"), device=q.device)
+    best = q.new_full((), float("-inf"), dtype=torch.float32)  # a fill: a tensor copied from the host would sync
     kf = k.float().transpose(-2, -1)  # (B, H, Dqk, S)
     for i in range(0, s, block):
         j = min(s, i + block)

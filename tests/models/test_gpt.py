@@ -51,6 +51,21 @@ def test_max_logit_probe_is_the_largest_causal_score_over_query_blocks(monkeypat
     assert attention.causal_max_logit(q, k, 0.5).item() == pytest.approx(expected.item())
 
 
+@pytest.mark.parametrize("name", ["mha", "mla"])
+def test_max_logit_probe_waits_for_the_device_once(name, monkeypatch):
+    """The probe reads its per-layer maxima from the device in one transfer and copies nothing to it."""
+    model, idx, reads = GPT(_cfg(name)), torch.randint(0, 256, (2, 24)), []
+    for attr in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        original = getattr(torch.Tensor, attr)
+        monkeypatch.setattr(torch.Tensor, attr, lambda self, *a, _name=attr, _original=original, **k: (
+            reads.append(_name), _original(self, *a, **k))[1])
+    monkeypatch.setattr(torch, "tensor", lambda *a, _original=torch.tensor, **k: (
+        reads.append("tensor"), _original(*a, **k))[1])
+    values = model.max_attention_logits(idx)
+    monkeypatch.undo()
+    assert reads == ["tolist"] and len(values) == model.cfg.n_layers
+
+
 def test_attention_shapes_per_layout():
     x = torch.randn(2, 10, 32)
     for name, kv_heads, dqk, dv in (("mha", 4, 8, 8), ("gqa", 2, 8, 8), ("mqa", 1, 8, 8), ("mla", 4, 24, 16)):
