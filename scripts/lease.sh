@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run sweeps through Snakemake on a time-limited GPU lease, and pack what they made for the trip back.
 #
-#   OUT=<dir> BUDGET_S=<seconds> [EXPECT_GPU=H200] bash scripts/lease.sh <sweep>[:<group>,...] [<sweep>[:<group>,...] ...]
+#   OUT=<dir> BUDGET_S=<seconds> [EXPECT_GPU=H200] [RESTORE_ROWS=results/reference/<gpu>/<folder>] \
+#     bash scripts/lease.sh <sweep>[:<group>,...] [<sweep>[:<group>,...] ...]
 #   (from the repository root)
 #
 # Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job, and the report
@@ -21,7 +22,10 @@
 #      that say so, and a job still running then is stopped and keeps its finished rows;
 #   4. runs `snakemake --configfile config/sweeps/<sweep>.yaml`; a cut call leaves a sweep that the next call
 #      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete), and that a cold
-#      machine resumes from the pack of step 5, carried as .gpu-wheels/<sweep>.tar.gz and unpacked first;
+#      machine resumes from the pack of step 5, carried as .gpu-wheels/<sweep>.tar.gz and unpacked first, or, for
+#      named pretraining experiments, from committed rows: with RESTORE_ROWS (the sweep's reference folder) a cold
+#      machine first puts back the runs those rows finished (`attnbench experiment restore`), so a long experiment
+#      spread over several sessions trains only the runs still missing (the rows are in the tree: nothing to carry);
 #   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz (without checkpoints
 #      and weight snapshots, *.pt: a cold machine keeps the finished training runs and the weight divergence rows
 #      computed so far, restarts the truncated runs, and trains again the finished runs whose snapshots a
@@ -93,6 +97,13 @@ for spec in "$@"; do
   # as done, and the parse reopens its stopped ones; only the results folder is taken from the archive
   if [ -f ".gpu-wheels/$sweep.tar.gz" ] && [ ! -d "results/$sweep" ]; then
     tar -xzf ".gpu-wheels/$sweep.tar.gz" "results/$sweep" && echo "=== $sweep: resumed from .gpu-wheels/$sweep.tar.gz"
+  fi
+  if [ -n "${RESTORE_ROWS:-}" ] && [ "$spec" != "$sweep" ] && [ ! -d "results/$sweep" ]; then
+    IFS=, read -ra named <<< "${spec#*:}"
+    for group in "${named[@]}"; do  # a microbench or context group has no rows to restore: said, and skipped
+      attnbench experiment restore --config "$config" --rows "$RESTORE_ROWS/pretrain/$group" \
+        || echo "=== $sweep: nothing restored for $group" >&2
+    done
   fi
   targets=(); first=(); force=()
   if [ "$spec" != "$sweep" ]; then  # the planner checks the group names and names the paths (attnbench plan --targets)

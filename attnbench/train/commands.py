@@ -6,6 +6,9 @@
       killed run from its checkpoint, skips a finished one
   attnbench experiment list   --config FILE
   attnbench experiment run    --job FILE --out DIR [--ceilings FILE] [--threads N]
+  attnbench experiment restore --config FILE --rows results/reference/<gpu>/<folder>/pretrain/<experiment>
+      the finished runs of committed rows back into results/<sweep>/pretrain/<experiment>/runs/, so that
+      the experiment trains only the runs still missing (:mod:`attnbench.train.restore`)
 
 Its tables and figures: ``attnbench tables pretrain`` (:mod:`attnbench.report.stages`).
 """
@@ -86,6 +89,8 @@ def _cmd_experiment(args) -> int:
             for spec in ex.plan_runs(plan.view["pretrain"], name):
                 print(spec.name)
         return 0
+    if args.action == "restore":
+        return _cmd_restore(args)
     from attnbench.plan import read_job
 
     job = read_job(args.job, ("pretrain",))
@@ -102,6 +107,27 @@ def _cmd_experiment(args) -> int:
     return 0
 
 
+def _cmd_restore(args) -> int:
+    from attnbench.plan import load_plan
+    from attnbench.train import experiments as ex
+    from attnbench.train.loop import RunSpec
+    from attnbench.train.restore import reference_rows, restore_finished_runs
+    from attnbench.workflow import paths
+
+    rows = reference_rows(args.rows)
+    experiment = rows.name
+    if experiment not in ex.EXPERIMENTS:
+        raise ConfigError(f"--rows={args.rows!r} ends in {experiment!r}; allowed: a folder named after an experiment, "
+                          f"one of {', '.join(ex.EXPERIMENTS)}")
+    plan = load_plan(args.config, args.device)
+    specs = [RunSpec.from_dict(d) for d in plan.job("pretrain", experiment).payload["runs"]]  # as the job trains them
+    out = paths.PRETRAIN_DIR.format(sweep=plan.sweep, experiment=experiment)
+    restored = restore_finished_runs(experiment, specs, rows, out)
+    print(f"attnbench experiment restore: {len(restored)} finished runs from {rows} into {out}/runs"
+          + (f": {', '.join(restored)}" if restored else ""))
+    return 0
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("train", help="one pretraining run (resumes from its checkpoint)")
     p.add_argument("--config", required=True)
@@ -112,9 +138,11 @@ def add_commands(sub) -> None:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("experiment", help="plan or run a pretraining experiment")
-    p.add_argument("action", choices=["list", "run"])
-    p.add_argument("--config", help="list: the config whose runs are listed")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="list: plan this device (default: the config's)")
+    p.add_argument("action", choices=["list", "run", "restore"])
+    p.add_argument("--config", help="list, restore: the config whose runs are planned")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="list, restore: plan this device (default: the config's)")
+    p.add_argument("--rows", help="restore: an experiment's committed rows, "
+                                  "results/reference/<gpu>/<folder>/pretrain/<experiment>")
     p.add_argument("--job", help="run: the experiment's plan file, results/<sweep>/plan/pretrain/<experiment>.json")
     p.add_argument("--out", help="run: the experiment directory")
     _common(p)
@@ -130,7 +158,7 @@ def _common(p) -> None:
 
 
 def _check_experiment_args(args) -> int:
-    need = {"list": ["config"], "run": ["job", "out"]}[args.action]
+    need = {"list": ["config"], "run": ["job", "out"], "restore": ["config", "rows"]}[args.action]
     missing = [n for n in need if not getattr(args, n)]
     if missing:
         raise ConfigError(f"attnbench experiment {args.action} needs --{missing[0]}")

@@ -89,3 +89,17 @@ def test_the_report_renders_the_long_runs_pretraining_section(rebuilt, tmp_path)
         assert f"Table ({name})" in page
     assert "Figure (fp8)" in page and "Figure (fp8_layers)" in page and "Table (divergence)" not in page
     assert "Runs: 5 ok, 4 truncated. NVIDIA H100 80GB HBM3" in page
+
+
+def test_a_later_lease_trains_only_the_four_cut_runs(tmp_path, monkeypatch):
+    """The sweep plans today the config hashes these rows carry, so `RESTORE_ROWS=results/reference/h100/fp8-long`
+    puts the 5 finished runs back (docs/reference-runs.md) and only the 4 cut ones train."""
+    from attnbench.plan import load_plan
+    from attnbench.train.loop import RunSpec
+    from attnbench.train.restore import restore_finished_runs
+
+    monkeypatch.chdir(REPO)
+    plan = load_plan(REPO / "config" / "sweeps" / "h200-fp8-long.yaml", "cuda")
+    specs = [RunSpec.from_dict(d) for d in plan.job("pretrain", "fp8").payload["runs"]]
+    restored = restore_finished_runs("fp8", specs, ROWS.relative_to(REPO), tmp_path)
+    assert restored == ["fp8/bf16/s0", "fp8/bf16/s1", "fp8/bf16/s2", "fp8/mxfp8/s0", "fp8/fp8-tensorwise/s0"]

@@ -34,3 +34,36 @@ def test_a_lease_on_the_expected_gpu_model_goes_on(tmp_path):
     assert done.returncode == 0
     assert "no sweep file config/sweeps/no-such-sweep.yaml" in done.stderr
     assert "NVIDIA H200" in (tmp_path / "out" / "gpu.txt").read_text()
+
+
+def test_a_cold_lease_restores_the_named_experiments_from_committed_rows(tmp_path):
+    """With RESTORE_ROWS, the named pretraining experiments get their finished runs back before Snakemake starts,
+    on a cold machine only (a warm one's results/<sweep>/ is newer than any committed row)."""
+    bin_dir = tmp_path / "bin"
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "config" / "sweeps").mkdir(parents=True)
+    (tmp_path / "config" / "sweeps" / "long.yaml").write_text("sweep: long\n")
+    shutil.copy(ROOT / "scripts" / "lease.sh", tmp_path / "scripts" / "lease.sh")
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    for name, body in (("nvidia-smi", "echo 'NVIDIA H200'"), ("snakemake", f"echo snakemake \"$@\" >> {calls}"),
+                       ("attnbench", f"echo attnbench \"$@\" >> {calls}\n"
+                                     "[ \"$1\" = plan ] && echo results/long/pretrain/fp8/runs.parquet; exit 0")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+           "RESTORE_ROWS": "results/reference/h200/long", "BUDGET_S": "600"}
+    for warm in (False, True):
+        calls.write_text("")
+        if warm:
+            (tmp_path / "results" / "long").mkdir(parents=True)
+        done = subprocess.run(["bash", "scripts/lease.sh", "long:fp8"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        lines = calls.read_text().splitlines()
+        restore = ("attnbench experiment restore --config config/sweeps/long.yaml "
+                   "--rows results/reference/h200/long/pretrain/fp8")
+        assert (restore in lines) is not warm
+        assert any(line.startswith("snakemake results/long/pretrain/fp8/runs.parquet") for line in lines)
+        if not warm:
+            assert lines.index(restore) < next(i for i, l in enumerate(lines) if l.startswith("snakemake results"))
