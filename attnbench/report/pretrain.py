@@ -60,14 +60,22 @@ def _or_note(frame: pd.DataFrame, index: list[str], note: str) -> pd.DataFrame:
 
 
 def _device(runs: pd.DataFrame) -> str:
+    """Where the runs trained and on what data; runs from more than one device or torch (an experiment continued
+    in a later session from restored rows: attnbench.train.restore) are counted per each."""
     if "device_name" not in runs or runs["device_name"].dropna().empty:
         return "unknown device"
-    row = runs.dropna(subset=["device_name"]).iloc[0]
+    trained = runs.dropna(subset=["device_name"])
+    row = trained.iloc[0]
+    versions = trained["torch_version"] if "torch_version" in trained else pd.Series("?", index=trained.index)
+    where = trained.groupby([trained["device_name"], versions], sort=False, dropna=False).size()
+    devices = "; ".join(f"{n} runs on {d}, torch {v}" for (d, v), n in where.items()) if len(where) > 1 else \
+        f"{row['device_name']}, torch {versions.iloc[0]}"
+    data = f"corpus {row.get('corpus', '?')} (sha256 {str(row.get('corpus_sha256', ''))[:12]})"
     floor = row.get("loss_floor")
-    return f"{row['device_name']}, torch {row.get('torch_version', '?')}, corpus {row.get('corpus', '?')} " \
-           f"(sha256 {str(row.get('corpus_sha256', ''))[:12]})" + \
-           (f", loss floor {floor:.4f} (the synthetic chain's entropy over the validation targets: the loss of the "
-            f"chain itself)" if floor is not None and pd.notna(floor) else "")
+    if floor is not None and pd.notna(floor):
+        data += (f", loss floor {floor:.4f} (the synthetic chain's entropy over the validation targets: the loss of "
+                 "the chain itself)")
+    return f"{devices}, {data}"
 
 
 SPIKE_NOTE = ("Spike scores at their sources' definitions: olmo2_paper = percent of points at least "

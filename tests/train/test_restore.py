@@ -79,3 +79,16 @@ def test_cli_restores_into_the_sweeps_experiment_folder(committed, tmp_path, cap
     assert "ends in 'other'; allowed: a folder named after an experiment" in capsys.readouterr().err
     assert main(["experiment", "restore", "--config", str(config), "--rows", "/tmp/x/pretrain/fp8"]) == 2
     assert "--rows='/tmp/x/pretrain/fp8' is not allowed" in capsys.readouterr().err
+
+
+def test_a_table_of_runs_from_two_devices_counts_the_runs_of_each(committed):
+    from attnbench.report.pretrain import fp8_outputs
+
+    _, first = committed
+    runs = first["runs"].copy()
+    runs.loc[runs["run"] == "fp8/bf16/s2", "device_name"] = "a later session's GPU"
+    tables, _ = fp8_outputs(runs, first["steps"], first["fp8_layers"])
+    caption = next(t for t in tables if t.name == "fp8").caption
+    assert "2 runs on " in caption and "; 1 runs on a later session's GPU, torch " in caption
+    alone, _ = fp8_outputs(first["runs"], first["steps"], first["fp8_layers"])
+    assert " runs on " not in next(t for t in alone if t.name == "fp8").caption
