@@ -1,0 +1,55 @@
+"""Every `attnbench` command line in the README's and docs' code blocks is one the CLI takes (its arguments parse):
+a by-hand recipe that the commands outgrew fails here, not in a reader's shell."""
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from attnbench.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", REPO / "config" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _code_lines(path: Path):
+    """(line number, command) of each `attnbench ...` line inside a fenced code block, continuation lines joined."""
+    fenced, pending, start = False, "", 0
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced, pending = not fenced, ""
+            continue
+        if not fenced:
+            continue
+        text = line.split(" #", 1)[0].rstrip()  # a trailing comment
+        if pending:
+            text = pending + " " + text.strip()
+        elif not text.strip().startswith("attnbench "):
+            continue
+        else:
+            start = number
+        if text.endswith("\\"):
+            pending = text[:-1].rstrip()
+            continue
+        pending = ""
+        yield start, text.strip()
+
+
+def _documented():
+    for path in DOCS:
+        for number, command in _code_lines(path):
+            yield pytest.param(command, id=f"{path.relative_to(REPO)}:{number}")
+
+
+@pytest.mark.parametrize("command", list(_documented()))
+def test_documented_command_parses(command):
+    synopsis = re.sub(r"\s\[--[^\]]*\]", "", command)  # [--option value]: optional, as in a usage line
+    words = shlex.split(re.sub(r"<[^>]*>|\$\w+|\$\{\w+\}", "X", synopsis))[1:]  # placeholders stand for a value
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            build_parser().parse_args(words)
+    except SystemExit as exit_:
+        assert exit_.code == 0, err.getvalue().strip().splitlines()[-1]
