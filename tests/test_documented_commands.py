@@ -1,5 +1,6 @@
-"""Every `attnbench` command line in the README's and docs' code blocks is one the CLI takes (its arguments parse):
-a by-hand recipe that the commands outgrew fails here, not in a reader's shell."""
+"""Every `attnbench` command line in the README's and docs' code blocks is one the CLI takes (its arguments parse),
+and every repository file or folder they name in backticks exists: a recipe or pointer that the code outgrew fails
+here, not in a reader's shell."""
 import contextlib
 import io
 import re
@@ -53,3 +54,16 @@ def test_documented_command_parses(command):
             build_parser().parse_args(words)
     except SystemExit as exit_:
         assert exit_.code == 0, err.getvalue().strip().splitlines()[-1]
+
+
+# files of the repository; not a sweep's outputs, results/<sweep>/... and reports/<sweep>/...
+REPO_PATH = re.compile(r"`((?:attnbench|docs|config|scripts|workflow|tests|\.ci|results/reference|reports/reference)"
+                       r"/[\w./-]+)`")
+
+
+def test_documented_paths_exist():
+    missing = [f"{path.relative_to(REPO)}:{number}: {match.group(1)}"
+               for path in DOCS for number, line in enumerate(path.read_text().splitlines(), 1)
+               for match in REPO_PATH.finditer(line)
+               if not (REPO / match.group(1).split("::")[0].rstrip(".")).exists()]
+    assert missing == []
