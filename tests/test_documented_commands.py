@@ -67,3 +67,19 @@ def test_documented_paths_exist():
                for match in REPO_PATH.finditer(line)
                if not (REPO / match.group(1).split("::")[0].rstrip(".")).exists()]
     assert missing == []
+
+
+def _rules() -> set[str]:
+    files = [REPO / "Snakefile", *(REPO / "workflow" / "rules").rglob("*.smk")]
+    return {m.group(1) for f in files for m in re.finditer(r"^(?:local)?rule (\w+):", f.read_text(), re.M)}
+
+
+def test_documented_snakemake_targets_are_rules():
+    """`snakemake <name>` in inline code, a code block or a sweep file's comment names a rule of the workflow (a
+    target that is a path is the planner's business)."""
+    sources = [(p, p.read_text()) for p in DOCS] + \
+        [(p, p.read_text()) for p in sorted((REPO / "config" / "sweeps").glob("*.yaml"))]
+    pattern = re.compile(r"(?:`|^\s*#?\s*)snakemake (?:-n )?([a-z_][a-z0-9_]*)\b(?![/.])", re.M)
+    unknown = {f"{p.relative_to(REPO)}: {m.group(1)}" for p, text in sources for m in pattern.finditer(text)
+               if m.group(1) not in _rules()}
+    assert not unknown, sorted(unknown)
