@@ -208,7 +208,8 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _write_json(obj, path: Path) -> None:
+def write_json(obj, path: Path) -> None:
+    """``obj`` as JSON at ``path``, written whole or not at all (a temporary file, then a rename); NaN kept."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str, allow_nan=True))
     os.replace(tmp, path)
@@ -423,7 +424,7 @@ def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak
         done = json.loads(summary_path.read_text())
         if done.get("config_hash") == identity and done.get("status") != "truncated" and not again:
             return done
-    _write_json({**spec.to_dict(), "config_hash": identity, "init_sha256": init_sha}, out / "run.json")
+    write_json({**spec.to_dict(), "config_hash": identity, "init_sha256": init_sha}, out / "run.json")
     started = time.perf_counter()
     run = Run(spec, out, device, identity)
     data = data if data is not None else load_tokens(spec.data)
@@ -443,7 +444,7 @@ def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak
         status = "unavailable" if isinstance(err, (PrecisionUnavailable, BackendUnavailable)) else "unsupported"
         summary = {**base, "backend": spec.model.backend, "status": status, "reason": str(err),
                    **_provenance(device)}
-        _write_json(summary, summary_path)
+        write_json(summary, summary_path)
         return summary
     sharing = GpuSharing(device)
     sharing.sample()
@@ -498,7 +499,7 @@ def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak
                **summarize(frame, run.flops_per_token, peak_flops, run.emulated),
                "peak_flops_source": peak_flops_source, **sharing.summary(), **run.auto_times,
                "wall_s": time.perf_counter() - started, **_provenance(device)}
-    _write_json(summary, summary_path)
+    write_json(summary, summary_path)
     _atomic_save({k: v.detach().cpu() for k, v in run.model.state_dict().items()}, out / "final.pt")  # loadable
     if status == "truncated":  # a later call with more time resumes here
         _atomic_save(run.state(rows[-1]["step"] + 1, log, counters), ckpt_path)

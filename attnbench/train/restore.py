@@ -20,8 +20,6 @@ that experiment: docs/reference-runs.md).
 """
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +28,8 @@ import pandas as pd
 from attnbench.bench.results import write_atomic
 from attnbench.errors import ConfigError
 from attnbench.files import read_parquet
-from attnbench.train.experiments import run_dir
-from attnbench.train.loop import RunSpec
+from attnbench.train.experiments import EXPERIMENTS, run_dir
+from attnbench.train.loop import RunSpec, write_json
 
 FINISHED = ("ok", "diverged")
 REFERENCE_ROOT = Path("results/reference")
@@ -52,18 +50,12 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _write_summary(summary: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, allow_nan=True))
-    os.replace(tmp, path)
-
-
 def restore_finished_runs(experiment: str, specs: list[RunSpec], rows: str | Path, out_dir: str | Path) -> list[str]:
     """Write the run folders of ``specs``' finished runs from the committed rows in ``rows`` into ``out_dir`` (the
     experiment's folder, ``results/<sweep>/pretrain/<experiment>``); return the names of the runs put back."""
     if experiment == "divergence":
         raise ConfigError("experiment='divergence' cannot be restored from rows (its pairs need the runs' weight "
-                          "snapshots); allowed: lr_sensitivity, fp8, layouts")
+                          f"snapshots); allowed: {', '.join(e for e in EXPERIMENTS if e != 'divergence')}")
     rows = reference_rows(rows)
     runs = read_parquet(rows / "runs.parquet")
     steps = read_parquet(rows / "steps.parquet")
@@ -81,6 +73,6 @@ def restore_finished_runs(experiment: str, specs: list[RunSpec], rows: str | Pat
             own = frame[frame["run"] == spec.name] if len(frame) else frame
             if len(own):
                 write_atomic(own.drop(columns=[t for t in spec.tags if t in own]).reset_index(drop=True), folder / name)
-        _write_summary({k: _plain(v) for k, v in row.items()}, folder / "summary.json")  # last: it marks the run done
+        write_json({k: _plain(v) for k, v in row.items()}, folder / "summary.json")  # last: it marks the run done
         restored.append(spec.name)
     return restored
