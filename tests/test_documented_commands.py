@@ -80,6 +80,7 @@ def test_documented_snakemake_targets_are_rules():
     sources = [(p, p.read_text()) for p in DOCS] + \
         [(p, p.read_text()) for p in sorted((REPO / "config" / "sweeps").glob("*.yaml"))]
     pattern = re.compile(r"(?:`|^\s*#?\s*)snakemake (?:-n )?([a-z_][a-z0-9_]*)\b(?![/.])", re.M)
+    rules = _rules()
     unknown = {f"{p.relative_to(REPO)}: {m.group(1)}" for p, text in sources for m in pattern.finditer(text)
-               if m.group(1) not in _rules()}
+               if m.group(1) not in rules}
     assert not unknown, sorted(unknown)

@@ -32,11 +32,11 @@ from pathlib import Path, PurePosixPath
 import pandas as pd
 
 from attnbench.bench.results import ResultsError, to_frame, write_atomic
+from attnbench.files import reference_folder
 from attnbench.report.aggregate import load_results
 from attnbench.workflow import paths
 from attnbench.workflow.resume import marker_path
 
-REFERENCE_ROOT = Path("results/reference")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -70,13 +70,6 @@ def unpack(pack_path: str | Path, into: Path) -> Path:
     if len(sweeps) != 1:
         raise ResultsError(f"{pack_path}: holds {len(sweeps)} sweep folders under results/; allowed: exactly one")
     return sweeps[0]
-
-
-def _reference_folder(into: str | Path) -> Path:
-    into = Path(into)
-    if into.is_absolute() or ".." in into.parts or into.parts[:2] != REFERENCE_ROOT.parts or len(into.parts) < 4:
-        raise ResultsError(f"--into={str(into)!r} is not allowed; allowed: a folder results/reference/<gpu>/<folder>")
-    return into
 
 
 # the reference folder's table per stage whose groups a lease measures alone (paths.group_results): a sweep
@@ -127,7 +120,7 @@ def merge(pack: str | Path, into: str | Path, groups: list[str] | None = None,
 
     Returns the number of rows merged per group. Everything is checked before the folder is touched.
     """
-    folder = _reference_folder(into)
+    folder = reference_folder(into, "--into", "results/reference/<gpu>/<folder>", 4, ResultsError)
     if gpu is not None and not Path(gpu).is_file():
         raise ResultsError(f"--gpu={str(gpu)!r}: file does not exist")
     with tempfile.TemporaryDirectory() as tmp:

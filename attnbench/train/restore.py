@@ -27,22 +27,18 @@ import pandas as pd
 
 from attnbench.bench.results import write_atomic
 from attnbench.errors import ConfigError
-from attnbench.files import read_parquet
+from attnbench.files import read_parquet, reference_folder
 from attnbench.train.experiments import EXPERIMENTS, run_dir
 from attnbench.train.loop import RunSpec, write_json
 
 FINISHED = ("ok", "diverged")
-REFERENCE_ROOT = Path("results/reference")
 
 
 def reference_rows(rows: str | Path) -> Path:
     """``rows`` if it is an experiment's folder of committed rows, ``results/reference/<gpu>/<folder>/.../<experiment>``
     (relative, no ``..``); else one line naming the allowed form."""
-    path = Path(rows)
-    if path.is_absolute() or ".." in path.parts or path.parts[:2] != REFERENCE_ROOT.parts or len(path.parts) < 5:
-        raise ConfigError(f"--rows={str(rows)!r} is not allowed; allowed: a folder "
-                          "results/reference/<gpu>/<folder>/pretrain/<experiment> holding runs.parquet")
-    return path
+    return reference_folder(rows, "--rows", "results/reference/<gpu>/<folder>/pretrain/<experiment> holding "
+                            "runs.parquet", 5, ConfigError)
 
 
 def _plain(value):
