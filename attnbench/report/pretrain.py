@@ -35,8 +35,8 @@ FIGURE_CAPTIONS = {
                   "2024), mean over seeds.",
     "lr_sensitivity": "Final validation loss against learning rate per variant, and the largest attention logit over "
                       "the steps at the highest learning rate (Wortsman et al. 2023).",
-    "fp8": "FP8 recipes' validation-loss gap to the same-seed baseline run over steps, against the baseline seeds' "
-           "noise band.",
+    "fp8": "FP8 recipes' validation-loss gap (left) and training-loss gap (right) to the same-seed baseline run over "
+           "steps, against the baseline seeds' noise band.",
     "fp8_layers": "FP8 scale statistics per layer (amax, share of elements that underflow) for each recipe; a "
                   "recipe with several seeds is their mean, its band their range.",
     "layouts": "Head layouts at matched parameters: final validation loss against tokens/s (marker size: KV-cache "
@@ -228,7 +228,9 @@ def fp8_outputs(runs, steps, layers) -> tuple[list[Table], list[plt.Figure]]:
                      "is memorisation of a corpus seen many times over); train_loss = mean training loss over the "
                      f"last {ex.FP8_TRAIN_WINDOW} steps both runs of a pair logged, train_gap = that minus the "
                      "baseline's (same batches), train_band_high = the largest distance of a baseline seed's mean there "
-                     "from the seeds' mean. " + _SPEED_NOTE +
+                     "from the seeds' mean; train_gap_opens_at_step = the last step of the first window of "
+                     f"{ex.FP8_TRAIN_WINDOW} steps from which the training-loss gap stays outside the seeds' band over "
+                     "the same window (empty: it never does). " + _SPEED_NOTE +
                      f" {_runs_note(runs)} {_device(runs)}.",
                      _or_note(frame, ["variant", "seed"], "no run")),
               _table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor, summed over "
@@ -248,18 +250,25 @@ def _fp8_gap_figure(runs, steps) -> plt.Figure:
     gaps = ex.fp8_gap_frame(runs, steps)
     if gaps.empty:
         return placeholder("FP8 loss gap", "no run trained")
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, (val, train) = plt.subplots(1, 2, figsize=(14, 4.5))
+    _gap_panel(val, gaps, "val loss - baseline at the same seed", "validation loss, at each eval step", legend=False)
+    _gap_panel(train, ex.fp8_train_gap_curve(runs, steps), "training loss - baseline at the same seed",
+               f"training loss, mean over windows of {ex.FP8_TRAIN_WINDOW} steps", legend=True)
+    fig.suptitle("FP8 loss gap over steps against the baseline seeds' noise band")
+    fig.tight_layout()
+    return fig
+
+
+def _gap_panel(ax, gaps, ylabel: str, title: str, legend: bool) -> None:
     band = gaps.groupby("step")[["band_low", "band_high"]].first().dropna()
     if len(band):
         ax.fill_between(band.index, band["band_low"], band["band_high"], color="grey", alpha=0.3,
                         label="+- the baseline seeds' largest distance from their mean")
-    sns.lineplot(data=gaps, x="step", y="gap", hue="variant", units="run", estimator=None, ax=ax)
+    sns.lineplot(data=gaps, x="step", y="gap", hue="variant", units="run", estimator=None, ax=ax, legend=legend)
     ax.axhline(0, color="black", lw=0.5)
-    ax.set(ylabel="val loss - baseline at the same seed",
-           title="FP8 loss gap over steps against the baseline seeds' noise band")
-    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
-    fig.tight_layout()
-    return fig
+    ax.set(ylabel=ylabel, title=title)
+    if legend:
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
 
 
 def _fp8_layers_figure(runs, layers) -> plt.Figure:

@@ -724,7 +724,7 @@ def lr_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 # ---------------------------------------------------------------- FP8
 
 
-FP8_TRAIN_WINDOW = 100  # the last logged steps whose training loss fp8_frame compares
+FP8_TRAIN_WINDOW = 100  # logged steps per window whose mean training losses fp8_train_gap_curve compares
 
 
 def _fp8_pairs(runs: pd.DataFrame) -> tuple[dict[str, str], list[str]]:
@@ -777,29 +777,46 @@ def fp8_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
-def fp8_train_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame, window: int = FP8_TRAIN_WINDOW) -> pd.DataFrame:
-    """Per run: its mean training loss over its last ``window`` logged steps minus its baseline's over the same
-    steps (:func:`_fp8_pairs`: the same batches), and the band, +- the largest distance of a baseline seed's mean
-    over those steps from the seeds' mean. Where validation data is seen many times over (a small corpus, a long
-    run), validation loss measures memorisation; the training loss says how well each recipe fits what it saw."""
-    cols = ["run", "train_loss", "train_gap", "train_band_high"]
+def fp8_train_gap_curve(runs: pd.DataFrame, steps: pd.DataFrame, window: int = FP8_TRAIN_WINDOW) -> pd.DataFrame:
+    """Per run and window of ``window`` consecutive steps that it and its baseline (:func:`_fp8_pairs`: the same
+    batches) both logged, counted back from their last common step (``step`` is a window's last): its mean
+    training loss, that minus the baseline's (``gap``), and the band, +- the largest distance of a baseline seed's
+    mean over the window from the seeds' mean. Where validation data is seen many times over (a small corpus, a
+    long run), validation loss measures memorisation; the training loss says how well each recipe fits what it
+    saw, and :func:`gap_opens` over these windows says from when its gap is larger than another seed's."""
+    cols = ["run", "variant", "step", "train_loss", "gap", "band_low", "band_high"]
     if steps.empty or "loss" not in steps or runs.empty:
         return pd.DataFrame(columns=cols)
     pairs, seeds = _fp8_pairs(runs)
     loss = steps.pivot_table(index="step", columns="run", values="loss")
+    variant = runs.set_index("run")["variant"]
     rows = []
     for run, ref_run in pairs.items():
-        window_steps = loss[[run, ref_run]].dropna().index[-window:]  # both logged: a truncated pair's common end
-        mean = loss.loc[window_steps].mean()
-        spread = mean[seeds] - mean[seeds].mean()
-        rows.append({"run": run, "train_loss": mean[run], "train_gap": mean[run] - mean[ref_run],
-                     "train_band_high": spread.abs().max()})
-    return pd.DataFrame(rows, columns=cols)
+        common = loss[[run, ref_run]].dropna().index  # both logged: a truncated pair's common steps
+        back = (len(common) - 1 - np.arange(len(common))) // window  # 0: the last window
+        mean = loss.loc[common].groupby(back).mean()  # every run's mean over each window, seeds included
+        half = mean[seeds].sub(mean[seeds].mean(axis=1), axis=0).abs().max(axis=1)
+        rows.append(pd.DataFrame({"run": run, "variant": variant[run],
+                                  "step": pd.Series(common, index=back).groupby(level=0).max(),
+                                  "train_loss": mean[run], "gap": mean[run] - mean[ref_run],
+                                  "band_low": -half, "band_high": half}).sort_values("step"))
+    return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+
+
+def fp8_train_gap_frame(runs: pd.DataFrame, steps: pd.DataFrame, window: int = FP8_TRAIN_WINDOW) -> pd.DataFrame:
+    """Per run, the last window of :func:`fp8_train_gap_curve`: mean training loss over the last ``window`` steps
+    both runs of its pair logged, its gap to the baseline, and the seeds' band there."""
+    return _last_windows(fp8_train_gap_curve(runs, steps, window))
+
+
+def _last_windows(curve: pd.DataFrame) -> pd.DataFrame:
+    last = curve.groupby("run", sort=False).tail(1).rename(columns={"gap": "train_gap", "band_high": "train_band_high"})
+    return last[["run", "train_loss", "train_gap", "train_band_high"]].reset_index(drop=True)
 
 
 def gap_opens(gaps: pd.DataFrame) -> float:
-    """The first eval step from which the gap stays outside the band at every later eval step; NaN if it never
-    leaves (or is back inside at the last step)."""
+    """The first step of ``gaps`` (eval steps, or the last steps of training-loss windows) from which the gap stays
+    outside the band at every later one; NaN if it never leaves (or is back inside at the last)."""
     g = gaps.sort_values("step")
     outside = ((g["gap"] < g["band_low"]) | (g["gap"] > g["band_high"])).to_numpy()
     if not len(outside) or not outside[-1]:
@@ -811,9 +828,10 @@ def gap_opens(gaps: pd.DataFrame) -> float:
 def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per run: status, final val loss, its gap to its baseline (:func:`fp8_gap_frame`) with the band at the last
     eval step, the step the gap opens at (:func:`gap_opens`), the lowest val loss and its step, the training-loss
-    gap (:func:`fp8_train_gap_frame`), spike scores, speed and whether the GPU was its own."""
+    gap (:func:`fp8_train_gap_frame`) and the step it opens at over :func:`fp8_train_gap_curve`'s windows, spike scores, speed and whether the GPU was its own."""
     gaps = fp8_gap_frame(runs, steps)
-    train = fp8_train_gap_frame(runs, steps).set_index("run")
+    curve = fp8_train_gap_curve(runs, steps)
+    train = _last_windows(curve).set_index("run")
     val = steps.dropna(subset=["val_loss"]) if "val_loss" in steps else pd.DataFrame(columns=["run", "step"])
     rows = []
     for _, r in runs.iterrows():
@@ -822,6 +840,7 @@ def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         own_val = val[val["run"] == r["run"]]
         best = own_val.loc[own_val["val_loss"].idxmin()] if len(own_val) else None
         fit = train.loc[r["run"]] if r["run"] in train.index else None
+        own_curve = curve[curve["run"] == r["run"]]
         rows.append({"variant": r.get("variant"), "seed": r.get("seed"), "precision": r.get("precision"),
                      "mlp": r.get("mlp_variant"), "status": r["status"], "emulated": r.get("emulated", False),
                      "final_val_loss": r.get("final_val_loss", math.nan),
@@ -834,6 +853,7 @@ def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                      "train_loss": fit["train_loss"] if fit is not None else math.nan,
                      "train_gap": fit["train_gap"] if fit is not None else math.nan,
                      "train_band_high": fit["train_band_high"] if fit is not None else math.nan,
+                     "train_gap_opens_at_step": gap_opens(own_curve) if len(own_curve) else math.nan,
                      "steps_done": r.get("steps_done", math.nan),
                      "spike_score_olmo2_paper_loss": r.get("spike_score_olmo2_paper_loss", math.nan),
                      "spike_score_olmo_core_any": r.get("spike_score_olmo_core_any", math.nan),

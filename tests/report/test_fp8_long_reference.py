@@ -39,12 +39,12 @@ def test_the_corpus_is_memorised_and_fp8_memorises_it_more_slowly(frames):
     # validation loss is lowest at steps 2000-2500 and has doubled by step 10,000
     assert bf16["best_val_step"].between(1999, 2499).all() and bf16["best_val_loss"].between(1.38, 1.386).all()
     assert bf16["final_val_loss"].between(3.05, 3.14).all() and bf16["train_loss"].between(0.25, 0.28).all()
-    for variant, val_gap, opens, train_gap in (("fp8-tensorwise", -0.252, 4499, 0.0536),
-                                               ("fp8-rowwise", -0.244, 4499, 0.0521),
-                                               ("mxfp8", -0.206, 5749, 0.0485)):
+    for variant, val_gap, opens, train_gap, train_opens in (("fp8-tensorwise", -0.252, 4499, 0.0536, 3899),
+                                                            ("fp8-rowwise", -0.244, 4499, 0.0521, 3899),
+                                                            ("mxfp8", -0.206, 5749, 0.0485, 4399)):
         row = table.loc[variant]
         assert row["gap"] == pytest.approx(val_gap, abs=5e-4) and row["gap_opens_at_step"] == opens
-        assert row["train_gap"] == pytest.approx(train_gap, abs=5e-4)
+        assert row["train_gap"] == pytest.approx(train_gap, abs=5e-4) and row["train_gap_opens_at_step"] == train_opens
         assert row["train_gap"] > 4 * row["train_band_high"]  # the seeds' band at the end: +-0.011
         assert row["best_val_loss"] == pytest.approx(bf16["best_val_loss"].mean(), abs=0.008)  # 1.376-1.381: near bf16's
     assert bf16["band_high"].iloc[0] == pytest.approx(0.0508, abs=5e-4)
@@ -69,6 +69,7 @@ def test_swiglu_fp8_with_and_without_smooth_swiglu_end_at_the_same_gap(frames):
     assert smooth["gap"] == pytest.approx(-0.223, abs=5e-4) and smooth["gap_opens_at_step"] == 4249
     assert swiglu["train_gap"] == pytest.approx(0.0313, abs=5e-4)
     assert smooth["train_gap"] == pytest.approx(0.0271, abs=5e-4)
+    assert swiglu["train_gap_opens_at_step"] == smooth["train_gap_opens_at_step"] == 3599
 
 
 @pytest.fixture(scope="module")

@@ -57,3 +57,7 @@ def test_committed_rows_render_with_todays_tables(tmp_path):
     assert train_gap["fp8-rowwise"] == pytest.approx(0.0015, abs=5e-5)
     assert train_gap["swiglu-fp8-tensorwise"] == pytest.approx(0.0042, abs=5e-5)
     assert train_gap["smooth-swiglu-fp8-tensorwise"] == pytest.approx(0.0010, abs=5e-5)
+    # over windows of 100 steps: outside the band from the window ending at step 899 (999 for MXFP8) to the end
+    opens = recipes["train_gap_opens_at_step"]
+    assert (opens["fp8-tensorwise"], opens["mxfp8"], opens["swiglu-fp8-tensorwise"]) == (899, 999, 899)
+    assert opens[["fp8-rowwise", "smooth-swiglu-fp8-tensorwise"]].isna().all()

@@ -221,6 +221,24 @@ def test_fp8_training_loss_gap_pairs_the_same_steps_and_the_best_val_loss_marks_
     assert (table.loc["bf16", "best_val_step"] == 1).all()  # val loss rises after step 1 though training loss falls
 
 
+def test_fp8_training_loss_gap_over_windows_says_when_it_leaves_the_seeds_band():
+    # 7 steps in windows of 2 counted back from the last: steps (0), (1, 2), (3, 4), (5, 6)
+    losses = {"fp8/bf16/s0": [2.0, 1.5, 1.3, 1.0, 0.9, 0.8, 0.7], "fp8/bf16/s1": [2.0, 1.7, 1.5, 1.2, 1.1, 1.0, 0.9],
+              "fp8/tw/s0": [2.0, 1.5, 1.4, 1.3, 1.2, 1.2, 1.1]}
+    runs = pd.DataFrame([{"run": r, "variant": r.split("/")[1], "seed": int(r[-1]), "status": "ok",
+                          "precision": "bf16" if "bf16" in r else "fp8-tensorwise", "mlp_variant": "gelu"}
+                         for r in losses])
+    step_rows = pd.DataFrame([{"run": r, "step": i, "loss": x} for r, v in losses.items() for i, x in enumerate(v)])
+    curve = ex.fp8_train_gap_curve(runs, step_rows, window=2)
+    tw = curve[curve["run"] == "fp8/tw/s0"].set_index("step")
+    assert list(tw.index) == [0, 2, 4, 6]  # each window is named by its last step
+    assert tw.loc[2, "gap"] == pytest.approx(1.45 - 1.4) and tw.loc[2, "band_high"] == pytest.approx(0.1)
+    assert tw.loc[4, "gap"] == pytest.approx(1.25 - 0.95) and tw.loc[6, "gap"] == pytest.approx(1.15 - 0.75)
+    assert ex.gap_opens(tw.reset_index()) == 4  # inside the band (+-0.1) up to the window ending at 2
+    last = ex.fp8_train_gap_frame(runs, step_rows, window=2).set_index("run").loc["fp8/tw/s0"]
+    assert last["train_gap"] == tw.loc[6, "gap"] and last["train_band_high"] == tw.loc[6, "band_high"]
+
+
 def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
     pytest.importorskip("torchao")
     config = _tiny_config(fp8={"precisions": ["bf16", "fp8-tensorwise"], "seeds": [0], "swiglu_precisions": [],
