@@ -29,7 +29,9 @@
 #   5. packs results/<sweep>/, reports/<sweep>/ and the Snakemake log as $OUT/<sweep>.tar.gz (without checkpoints
 #      and weight snapshots, *.pt: a cold machine keeps the finished training runs and the weight divergence rows
 #      computed so far, restarts the truncated runs, and trains again the finished runs whose snapshots a
-#      divergence pair still needs);
+#      divergence pair still needs); a pack over FILE_LIMIT_BYTES, the largest file a call brings back, comes
+#      back as <sweep>.tar.gz.part-00, -01, ... (`cat <sweep>.tar.gz.part-* > <sweep>.tar.gz` joins them: a call
+#      brings back 8 files, so a lease runs few sweeps);
 #   6. packs FlashInfer's JIT cache as $OUT/flashinfer-cache.tar.gz (when it fits what a call brings back): carried
 #      in the next cold machine's call as .gpu-wheels/flashinfer-cache.tar.gz, it is unpacked before the sweeps, so
 #      FlashInfer does not compile its kernel variants again (about a minute each).
@@ -41,7 +43,7 @@ BUDGET_S=${BUDGET_S:-540}          # the whole call; Snakemake is stopped SNAKEM
 SNAKEMAKE_MARGIN_S=${SNAKEMAKE_MARGIN_S:-45}
 JOBS_MARGIN_S=${JOBS_MARGIN_S:-75}  # no job starts in the last JOBS_MARGIN_S seconds (time for tables, report)
 PARSE_S=${PARSE_S:-60}              # Snakemake's start on a GPU host (the plan imports torch), before any job
-CACHE_LIMIT_BYTES=${CACHE_LIMIT_BYTES:-16000000}  # the largest file a call brings back
+FILE_LIMIT_BYTES=${FILE_LIMIT_BYTES:-16000000}  # the largest file a call brings back
 FLASHINFER_CACHE=${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer
 [ $# -ge 1 ] || { echo "usage: OUT=<dir> bash scripts/lease.sh <sweep>[:<group>,...] [...]" >&2; exit 2; }
 started=$(date +%s)
@@ -77,7 +79,12 @@ pack() {  # 5. what the sweep made (this call's log beside it; the latest Snakem
   cp "$OUT/$1-snakemake.log" "results/$1/snakemake.log" 2>/dev/null
   tar -czf "$OUT/$1.tar.gz" --exclude="*.pt" \
     --ignore-failed-read "results/$1" "reports/$1" 2>/dev/null
-  ls -la "$OUT/$1.tar.gz" 2>/dev/null
+  size=$(stat -c %s "$OUT/$1.tar.gz" 2>/dev/null || echo 0)
+  if [ "$size" -gt "$FILE_LIMIT_BYTES" ]; then  # no file over the limit comes back: parts that do, joined by cat
+    split -d -b "$FILE_LIMIT_BYTES" "$OUT/$1.tar.gz" "$OUT/$1.tar.gz.part-" && rm "$OUT/$1.tar.gz" \
+      && echo "$1.tar.gz is ${size} bytes, over ${FILE_LIMIT_BYTES}: in parts, joined by cat $1.tar.gz.part-* > $1.tar.gz"
+  fi
+  ls -la "$OUT/$1".tar.gz* 2>/dev/null
 }
 
 # 2. the GPU, and the commit the jobs will record
@@ -145,8 +152,8 @@ done
 if [ -d "$FLASHINFER_CACHE" ]; then
   tar -czf "$OUT/flashinfer-cache.tar.gz" -C "$(dirname "$FLASHINFER_CACHE")" flashinfer 2>/dev/null
   size=$(stat -c %s "$OUT/flashinfer-cache.tar.gz" 2>/dev/null || echo 0)
-  if [ "$size" -gt "$CACHE_LIMIT_BYTES" ]; then
-    rm -f "$OUT/flashinfer-cache.tar.gz"; echo "FlashInfer's JIT cache not packed: ${size} bytes compressed, over ${CACHE_LIMIT_BYTES}"
+  if [ "$size" -gt "$FILE_LIMIT_BYTES" ]; then
+    rm -f "$OUT/flashinfer-cache.tar.gz"; echo "FlashInfer's JIT cache not packed: ${size} bytes compressed, over ${FILE_LIMIT_BYTES}"
   else
     echo "FlashInfer's JIT cache packed: ${size} bytes"
   fi

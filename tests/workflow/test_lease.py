@@ -1,4 +1,5 @@
-"""scripts/lease.sh's guard on the card: with EXPECT_GPU set, a lease that brought another GPU model runs nothing."""
+"""scripts/lease.sh: with EXPECT_GPU set, a lease that brought another GPU model runs nothing; with RESTORE_ROWS, a
+cold one puts committed runs back first; a pack larger than a call brings back comes back in parts."""
 import os
 import shutil
 import subprocess
@@ -67,3 +68,36 @@ def test_a_cold_lease_restores_the_named_experiments_from_committed_rows(tmp_pat
         assert any(line.startswith("snakemake results/long/pretrain/fp8/runs.parquet") for line in lines)
         if not warm:
             assert lines.index(restore) < next(i for i, l in enumerate(lines) if l.startswith("snakemake results"))
+
+
+def test_a_pack_over_the_file_limit_comes_back_in_parts_that_cat_joins(tmp_path):
+    """A call brings back no file over its limit (16 MB): a larger pack is split, and the parts join to the pack."""
+    import tarfile
+
+    bin_dir = tmp_path / "bin"
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "config" / "sweeps").mkdir(parents=True)
+    (tmp_path / "config" / "sweeps" / "long.yaml").write_text("sweep: long\n")
+    shutil.copy(ROOT / "scripts" / "lease.sh", tmp_path / "scripts" / "lease.sh")
+    bin_dir.mkdir()
+    # the sweep writes 5000 bytes that do not compress; the limit is 2000
+    rows = "mkdir -p results/long/pretrain/fp8 && head -c 5000 /dev/urandom > results/long/pretrain/fp8/runs.parquet"
+    for name, body in (("nvidia-smi", "echo 'NVIDIA H200'"), ("snakemake", rows),
+                       ("attnbench", "exit 0")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "BUDGET_S": "600",
+           "FILE_LIMIT_BYTES": "2000"}
+    done = subprocess.run(["bash", "scripts/lease.sh", "long"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    parts = sorted(out.glob("long.tar.gz.part-*"))
+    assert [p.name for p in parts] == ["long.tar.gz.part-00", "long.tar.gz.part-01", "long.tar.gz.part-02"]
+    assert all(p.stat().st_size <= 2000 for p in parts) and not (out / "long.tar.gz").exists()
+    assert "in parts, joined by cat long.tar.gz.part-* > long.tar.gz" in done.stdout
+    joined = tmp_path / "long.tar.gz"
+    joined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(joined) as pack:
+        member = pack.extractfile("results/long/pretrain/fp8/runs.parquet").read()
+    assert member == (tmp_path / "results" / "long" / "pretrain" / "fp8" / "runs.parquet").read_bytes()
