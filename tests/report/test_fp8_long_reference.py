@@ -47,6 +47,7 @@ def test_the_corpus_is_memorised_and_fp8_memorises_it_more_slowly(frames):
         assert row["train_gap"] == pytest.approx(train_gap, abs=5e-4) and row["train_gap_opens_at_step"] == train_opens
         assert row["train_gap"] > 4 * row["train_band_high"]  # the seeds' band at the end: +-0.011
         assert row["best_val_loss"] == pytest.approx(bf16["best_val_loss"].mean(), abs=0.008)  # 1.376-1.381: near bf16's
+    assert table["best_val_step"].between(1749, 2749).all() and table["best_val_loss"].between(1.368, 1.386).all()
     assert bf16["band_high"].iloc[0] == pytest.approx(0.0508, abs=5e-4)
     assert bf16["train_band_high"].iloc[0] == pytest.approx(0.0112, abs=5e-4)
 
@@ -70,6 +71,24 @@ def test_swiglu_fp8_with_and_without_smooth_swiglu_end_at_the_same_gap(frames):
     assert swiglu["train_gap"] == pytest.approx(0.0313, abs=5e-4)
     assert smooth["train_gap"] == pytest.approx(0.0271, abs=5e-4)
     assert swiglu["train_gap_opens_at_step"] == smooth["train_gap_opens_at_step"] == 3599
+
+
+def test_the_later_runs_time_what_a_step_row_did_besides_the_step():
+    """The four runs of 8641838 time the batch, probe, FP8 statistics, validation and checkpoints (docs/training.md,
+    "What the four later runs took"); the five restored rows, made before those columns, have none."""
+    steps = pd.read_parquet(ROWS / "steps.parquet")
+    timed = steps[steps["data_s"].notna()]
+    assert set(timed["run"]) == {"fp8/fp8-rowwise/s0", "fp8/swiglu-bf16/s0", "fp8/swiglu-fp8-tensorwise/s0",
+                                 "fp8/smooth-swiglu-fp8-tensorwise/s0"}
+    total = timed.groupby("run")[["step_s", "data_s", "probe_s", "fp8_stats_s", "val_s", "ckpt_s"]].sum()
+    counts = timed.groupby("run")[["probe_s", "fp8_stats_s", "val_s", "ckpt_s"]].count()
+    assert (counts == [1000, 100, 41, 39]).all().all()
+    assert total["step_s"].between(283, 421).all() and total["fp8_stats_s"].between(60.5, 70).all()
+    assert total["probe_s"].between(25.5, 63.5).all() and total["val_s"].between(8, 25).all()
+    assert total["ckpt_s"].round().eq(13).all() and total["data_s"].round().eq(5).all()
+    assert total.sum(axis=1).between(398.5, 580.5).all()
+    per_recording = timed.groupby("run")["fp8_stats_s"].median()
+    assert per_recording.between(0.625, 0.695).all()
 
 
 @pytest.fixture(scope="module")
