@@ -47,6 +47,7 @@ SYMBOL_OFFSET = 64  # synthetic symbol i is byte 64 + i ("@", "A", "B", ...)
 MIN_BYTES = 1024  # a corpus shorter than this cannot fill a training and a validation window
 MAX_CONTEXTS = 1 << 20  # synthetic vocab ** order: the transition table is (contexts, branching)
 STREAM_BURN_IN = 64  # chain steps a stream window discards: it starts from a state the chain reaches, not a uniform one
+STREAM_BLOCK = 16  # training batches one pass of the stream's chain draws: its step loop is paid once for them all
 
 
 @dataclass(frozen=True)
@@ -193,56 +194,89 @@ class TokenData:
         return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
 
 
+def _alias_table(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walker's alias table of one distribution over ``n`` outcomes, by Vose's algorithm (Vose 1991, IEEE TSE
+    17(9)): (keep, alias), where column j keeps outcome j with chance ``keep[j]`` and otherwise gives ``alias[j]``,
+    so that picking a column uniformly gives outcome i with chance ``probs[i]``."""
+    n = len(probs)
+    scaled, keep, alias = probs * n, np.ones(n), np.arange(n)
+    small, large = [j for j in range(n) if scaled[j] < 1], [j for j in range(n) if scaled[j] >= 1]
+    while small and large:
+        j, donor = small.pop(), large.pop()
+        keep[j], alias[j] = scaled[j], donor
+        scaled[donor] -= 1 - scaled[j]
+        (small if scaled[donor] < 1 else large).append(donor)
+    return keep, alias  # columns left over in either list keep their own outcome (1 up to rounding)
+
+
 @dataclass
 class MarkovStream:
     """A synthetic Markov chain (:func:`_markov_chain`) as a :class:`BatchSource` whose training batches are fresh
-    draws: row r of step t's batch is the chain run from a uniformly drawn context for :data:`STREAM_BURN_IN`
-    steps and then ``seq_len + 1`` more, all from a generator seeded with (data seed, data_seed, t), so a resumed
-    run sees the same batches and every step new ones. Validation windows come the same way from a
-    generator of their own, the same for every run; ``loss_floor`` is the mean entropy of the true next-symbol
-    distribution over their targets (the expected loss of the chain itself). Symbols are bytes
-    ``SYMBOL_OFFSET + i``, as in ``synthetic``."""
+    draws. One pass of the chain draws :data:`STREAM_BLOCK` steps' batches at once (block ``t // STREAM_BLOCK``,
+    from a generator seeded with (data seed, data_seed, block)): each row the chain run from a uniformly drawn
+    context for :data:`STREAM_BURN_IN` steps and then ``seq_len + 1`` more, and step ``t``'s batch is the block's
+    rows ``(t mod STREAM_BLOCK) * batch_size`` onwards. So a resumed run sees the same batches and every step new
+    ones. Validation windows come the same way from a generator of their own, the same for every run;
+    ``loss_floor`` is the mean entropy of the true next-symbol distribution over their targets (the expected loss
+    of the chain itself). Symbols are bytes ``SYMBOL_OFFSET + i``, as in ``synthetic``."""
 
     name: str
     sha256: str  # of the transition table
-    vocab: int
     seed: int
     successors: np.ndarray  # (contexts, branching)
-    cumulative: np.ndarray  # (contexts, branching) cumulative probabilities
+    keep: np.ndarray  # (contexts, branching) Walker's alias table (_alias_table): the chance each column keeps its
+    alias: np.ndarray  # (contexts, branching) own successor, and the successor it gives otherwise
+    next_context: np.ndarray  # (contexts * branching,) the context after each (context, successor)
     entropy: np.ndarray  # (contexts,) nats
     loss_floor: float = float("nan")  # set by val_batches
+    _block: tuple = field(default=(), repr=False, compare=False)  # (its key, its symbols): the last block drawn
 
     @classmethod
     def build(cls, cfg: SyntheticConfig, seed: int) -> "MarkovStream":
         successors, probs = _markov_chain(cfg, np.random.default_rng(seed))
         table = hashlib.sha256(successors.astype(np.int64).tobytes() + probs.tobytes()).hexdigest()
-        return cls(f"synthetic-stream(v={cfg.vocab},k={cfg.order},b={cfg.branching},seed={seed})", table, cfg.vocab,
-                   seed, successors, probs.cumsum(axis=1), -(probs * np.log(probs)).sum(axis=1))
+        keep, alias = zip(*(_alias_table(p) for p in probs))
+        contexts = np.arange(len(successors))[:, None]
+        return cls(f"synthetic-stream(v={cfg.vocab},k={cfg.order},b={cfg.branching},seed={seed})", table, seed,
+                   successors, np.stack(keep), np.stack(alias),
+                   ((contexts * cfg.vocab + successors) % len(successors)).ravel(), -(probs * np.log(probs)).sum(axis=1))
 
     def windows(self, rng: np.random.Generator, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """(symbols (rows, length), entropy (rows, length) of the distribution each symbol was drawn from)."""
-        contexts, last = len(self.successors), self.successors.shape[1] - 1
-        state = rng.integers(0, contexts, rows)
-        draws = rng.random((rows, STREAM_BURN_IN + length))
-        symbols, entropy = np.empty((rows, length), np.int64), np.empty((rows, length))
-        for t in range(STREAM_BURN_IN + length):  # sequential in t, vectorised over rows
-            pick = np.minimum((draws[:, t, None] > self.cumulative[state]).sum(axis=1), last)
-            symbol = self.successors[state, pick]
-            if t >= STREAM_BURN_IN:
-                symbols[:, t - STREAM_BURN_IN], entropy[:, t - STREAM_BURN_IN] = symbol, self.entropy[state]
-            state = (state * self.vocab + symbol) % contexts
-        return symbols, entropy
+        """(symbols (rows, length), entropy (rows, length) of the distribution each symbol was drawn from).
+
+        Every row's next symbol at once, by Walker's alias method: one uniform u per row and step picks column
+        ``floor(u * branching)`` of its context's table, which keeps its own successor if the rest of the draw,
+        ``frac(u * branching)``, is below ``keep`` and otherwise takes ``alias`` (Vose 1991, "A linear algorithm
+        for generating random numbers with a given distribution", IEEE TSE 17(9))."""
+        steps, branching = STREAM_BURN_IN + length, self.successors.shape[1]
+        context = rng.integers(0, len(self.successors), rows)
+        draws = rng.random((steps, rows)) * branching  # one row of draws per chain step
+        symbols, entropy = np.empty((steps, rows), np.int64), np.empty((steps, rows))
+        successors, keep, alias = self.successors.reshape(-1), self.keep.reshape(-1), self.alias.reshape(-1)
+        for t in range(steps):  # sequential in t, vectorised over rows
+            entropy[t] = self.entropy[context]
+            column = draws[t].astype(np.int64)
+            first = context * branching
+            drawn = first + np.where(draws[t] - column < keep[first + column], column, alias[first + column])
+            symbols[t], context = successors[drawn], self.next_context[drawn]
+        return (np.ascontiguousarray(symbols[STREAM_BURN_IN:].T),
+                np.ascontiguousarray(entropy[STREAM_BURN_IN:].T))
 
     def _batch(self, symbols: np.ndarray, device: str):
         tokens = torch.from_numpy(symbols + SYMBOL_OFFSET)
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
     def train_batch(self, step: int, seed: int, batch_size: int, seq_len: int, device: str):
-        symbols, _ = self.windows(np.random.default_rng((self.seed, seed, step)), batch_size, seq_len + 1)
-        return self._batch(symbols, device)
+        block, row = divmod(step, STREAM_BLOCK)
+        drawn = self._block
+        if not drawn or drawn[0] != (seed, batch_size, seq_len, block):
+            symbols, _ = self.windows(np.random.default_rng((self.seed, seed, block)), STREAM_BLOCK * batch_size,
+                                      seq_len + 1)
+            drawn = self._block = ((seed, batch_size, seq_len, block), symbols)
+        return self._batch(drawn[1][row * batch_size:(row + 1) * batch_size], device)
 
     def val_batches(self, n_batches: int, batch_size: int, seq_len: int, device: str):
-        # a generator no training step uses: training seeds three integers, this one two
+        # a generator no training block uses: training seeds three integers, this one two
         symbols, entropy = self.windows(np.random.default_rng((self.seed, 1 << 32)), n_batches * batch_size,
                                         seq_len + 1)
         self.loss_floor = float(entropy[:, 1:].mean())  # the targets are positions 1 .. seq_len

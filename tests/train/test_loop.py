@@ -96,6 +96,41 @@ def test_synthetic_stream_draws_every_batch_afresh_from_the_chain_with_a_known_f
     assert summary["corpus"] == stream.name and summary["corpus_sha256"] == stream.sha256
 
 
+def _alias_distribution(keep, alias):
+    """The distribution a Walker alias table gives when its column is picked uniformly."""
+    import numpy as np
+
+    n = len(keep)
+    return (np.bincount(np.arange(n), weights=keep, minlength=n) + np.bincount(alias, weights=1 - keep, minlength=n)) / n
+
+
+def test_alias_tables_give_each_successor_its_probability():
+    import numpy as np
+    from attnbench.train.data import _alias_table
+
+    for probs in [*np.random.default_rng(0).dirichlet(np.ones(8), size=50), np.array([1.0, 0.0, 0.0])]:
+        assert _alias_distribution(*_alias_table(probs)) == pytest.approx(probs, abs=1e-12)
+
+
+def test_synthetic_stream_draws_transitions_at_the_chains_probabilities_in_blocks_of_batches():
+    import numpy as np
+    from attnbench.train.data import STREAM_BLOCK, _markov_chain
+
+    cfg = DataConfig(source="synthetic-stream", synthetic=SyntheticConfig(vocab=4, order=1, branching=3))
+    stream = load_tokens(cfg)
+    successors, probs = _markov_chain(cfg.synthetic, np.random.default_rng(cfg.seed))  # the table it was built from
+    symbols, _ = stream.windows(np.random.default_rng(0), 2000, 200)
+    counts = np.zeros((4, 4))
+    np.add.at(counts, (symbols[:, :-1].ravel(), symbols[:, 1:].ravel()), 1)
+    for context in range(4):  # ~400k transitions: each context's observed shares within 0.01 of the chain's
+        assert counts[context, successors[context]] / counts[context].sum() == pytest.approx(probs[context], abs=0.01)
+    # the batches of one block come from one pass; going back to an earlier block draws the same batches again
+    first = stream.train_batch(3, 0, 4, 16, "cpu")[0]
+    later = stream.train_batch(STREAM_BLOCK + 3, 0, 4, 16, "cpu")[0]
+    assert not torch.equal(first, later) and torch.equal(stream.train_batch(3, 0, 4, 16, "cpu")[0], first)
+    assert not torch.equal(stream.train_batch(4, 0, 4, 16, "cpu")[0], first)  # the next rows of the same block
+
+
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
     cfg = TrainConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
