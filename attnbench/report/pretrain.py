@@ -267,7 +267,7 @@ def _gap_panel(ax, gaps, ylabel: str, title: str, legend: bool) -> None:
     sns.lineplot(data=gaps, x="step", y="gap", hue="variant", units="run", estimator=None, ax=ax, legend=legend)
     ax.axhline(0, color="black", lw=0.5)
     ax.set(ylabel=ylabel, title=title)
-    if legend:
+    if legend and ax.get_legend():  # none where no pair has a step in common
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
 
 

@@ -199,6 +199,11 @@ def test_fp8_gap_opens_where_it_leaves_the_baseline_seeds_band_for_good():
     table = ex.fp8_frame(runs, step_rows).set_index("variant")
     assert table.loc["tw", "gap_opens_at_step"] == 20 and table.loc["tw", "gap"] == pytest.approx(0.4)
     assert math.isnan(table.loc["bf16", "gap_opens_at_step"].iloc[0])
+    assert math.isnan(table.loc["tw", "train_gap_opens_at_step"])  # no training loss logged: no training-loss gap
+    from attnbench.report.pretrain import fp8_outputs
+
+    _, figures = fp8_outputs(runs, step_rows, pd.DataFrame())  # the gap figure draws its empty training panel
+    assert [len(f.axes) for f in figures] == [2, 1]
 
 
 def test_fp8_training_loss_gap_pairs_the_same_steps_and_the_best_val_loss_marks_memorisation():
