@@ -236,10 +236,10 @@ class MarkovStream:
         successors, probs = _markov_chain(cfg, np.random.default_rng(seed))
         table = hashlib.sha256(successors.astype(np.int64).tobytes() + probs.tobytes()).hexdigest()
         keep, alias = zip(*(_alias_table(p) for p in probs))
-        contexts = np.arange(len(successors))[:, None]
+        next_context = (np.arange(len(successors))[:, None] * cfg.vocab + successors) % len(successors)
         return cls(f"synthetic-stream(v={cfg.vocab},k={cfg.order},b={cfg.branching},seed={seed})", table, seed,
-                   successors, np.stack(keep), np.stack(alias),
-                   ((contexts * cfg.vocab + successors) % len(successors)).ravel(), -(probs * np.log(probs)).sum(axis=1))
+                   successors, np.stack(keep), np.stack(alias), next_context.ravel(),
+                   -(probs * np.log(probs)).sum(axis=1))
 
     def windows(self, rng: np.random.Generator, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """(symbols (rows, length), entropy (rows, length) of the distribution each symbol was drawn from).

@@ -828,7 +828,8 @@ def gap_opens(gaps: pd.DataFrame) -> float:
 def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per run: status, final val loss, its gap to its baseline (:func:`fp8_gap_frame`) with the band at the last
     eval step, the step the gap opens at (:func:`gap_opens`), the lowest val loss and its step, the training-loss
-    gap (:func:`fp8_train_gap_frame`) and the step it opens at over :func:`fp8_train_gap_curve`'s windows, spike scores, speed and whether the GPU was its own."""
+    gap (:func:`fp8_train_gap_frame`) and the step it opens at over :func:`fp8_train_gap_curve`'s windows, spike
+    scores, speed and whether the GPU was its own."""
     gaps = fp8_gap_frame(runs, steps)
     curve = fp8_train_gap_curve(runs, steps)
     train = _last_windows(curve).set_index("run")

@@ -46,7 +46,8 @@ def test_the_corpus_is_memorised_and_fp8_memorises_it_more_slowly(frames):
         assert row["gap"] == pytest.approx(val_gap, abs=5e-4) and row["gap_opens_at_step"] == opens
         assert row["train_gap"] == pytest.approx(train_gap, abs=5e-4) and row["train_gap_opens_at_step"] == train_opens
         assert row["train_gap"] > 4 * row["train_band_high"]  # the seeds' band at the end: +-0.011
-        assert row["best_val_loss"] == pytest.approx(bf16["best_val_loss"].mean(), abs=0.008)  # 1.376-1.381: near bf16's
+        # 1.376-1.381: near bf16's
+        assert row["best_val_loss"] == pytest.approx(bf16["best_val_loss"].mean(), abs=0.008)
     assert table["best_val_step"].between(1749, 2749).all() and table["best_val_loss"].between(1.368, 1.386).all()
     assert bf16["band_high"].iloc[0] == pytest.approx(0.0508, abs=5e-4)
     assert bf16["train_band_high"].iloc[0] == pytest.approx(0.0112, abs=5e-4)

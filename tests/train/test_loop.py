@@ -101,7 +101,8 @@ def _alias_distribution(keep, alias):
     import numpy as np
 
     n = len(keep)
-    return (np.bincount(np.arange(n), weights=keep, minlength=n) + np.bincount(alias, weights=1 - keep, minlength=n)) / n
+    kept = np.bincount(np.arange(n), weights=keep, minlength=n)
+    return (kept + np.bincount(alias, weights=1 - keep, minlength=n)) / n
 
 
 def test_alias_tables_give_each_successor_its_probability():

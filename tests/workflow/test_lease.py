@@ -8,17 +8,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _lease(tmp_path: Path, gpu_name: str, expect: str) -> subprocess.CompletedProcess:
-    """lease.sh from a bare folder (no wheels, no sweep files) on a machine whose nvidia-smi names ``gpu_name``."""
+def _bare_repo(tmp_path: Path, tools: dict[str, str], sweeps: tuple[str, ...] = ()) -> dict[str, str]:
+    """A folder holding lease.sh and these sweep files, with fake ``tools`` (name: shell body) first on PATH; returns
+    the environment a lease there runs in (OUT is tmp_path/out)."""
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "lease.sh", tmp_path / "scripts" / "lease.sh")
+    for sweep in sweeps:
+        (tmp_path / "config" / "sweeps").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "config" / "sweeps" / f"{sweep}.yaml").write_text(f"sweep: {sweep}\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    fake = bin_dir / "nvidia-smi"
-    fake.write_text(f"#!/bin/sh\necho '{gpu_name}'\n")
-    fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-           "EXPECT_GPU": expect}
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+
+
+def _lease(tmp_path: Path, gpu_name: str, expect: str) -> subprocess.CompletedProcess:
+    """lease.sh from a bare folder (no wheels, no sweep files) on a machine whose nvidia-smi names ``gpu_name``."""
+    env = {**_bare_repo(tmp_path, {"nvidia-smi": f"echo '{gpu_name}'"}), "EXPECT_GPU": expect}
     return subprocess.run(["bash", "scripts/lease.sh", "no-such-sweep"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
 
@@ -40,20 +48,12 @@ def test_a_lease_on_the_expected_gpu_model_goes_on(tmp_path):
 def test_a_cold_lease_restores_the_named_experiments_from_committed_rows(tmp_path):
     """With RESTORE_ROWS, the named pretraining experiments get their finished runs back before Snakemake starts,
     on a cold machine only (a warm one's results/<sweep>/ is newer than any committed row)."""
-    bin_dir = tmp_path / "bin"
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "config" / "sweeps").mkdir(parents=True)
-    (tmp_path / "config" / "sweeps" / "long.yaml").write_text("sweep: long\n")
-    shutil.copy(ROOT / "scripts" / "lease.sh", tmp_path / "scripts" / "lease.sh")
-    bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
-    for name, body in (("nvidia-smi", "echo 'NVIDIA H200'"), ("snakemake", f"echo snakemake \"$@\" >> {calls}"),
-                       ("attnbench", f"echo attnbench \"$@\" >> {calls}\n"
-                                     "[ \"$1\" = plan ] && echo results/long/pretrain/fp8/runs.parquet; exit 0")):
-        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-           "RESTORE_ROWS": "results/reference/h200/long", "BUDGET_S": "600"}
+    tools = {"nvidia-smi": "echo 'NVIDIA H200'", "snakemake": f"echo snakemake \"$@\" >> {calls}",
+             "attnbench": f"echo attnbench \"$@\" >> {calls}\n"
+                          "[ \"$1\" = plan ] && echo results/long/pretrain/fp8/runs.parquet; exit 0"}
+    env = {**_bare_repo(tmp_path, tools, sweeps=("long",)), "RESTORE_ROWS": "results/reference/h200/long",
+           "BUDGET_S": "600"}
     for warm in (False, True):
         calls.write_text("")
         if warm:
@@ -74,21 +74,11 @@ def test_a_pack_over_the_file_limit_comes_back_in_parts_that_cat_joins(tmp_path)
     """A call brings back no file over its limit (16 MB): a larger pack is split, and the parts join to the pack."""
     import tarfile
 
-    bin_dir = tmp_path / "bin"
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "config" / "sweeps").mkdir(parents=True)
-    (tmp_path / "config" / "sweeps" / "long.yaml").write_text("sweep: long\n")
-    shutil.copy(ROOT / "scripts" / "lease.sh", tmp_path / "scripts" / "lease.sh")
-    bin_dir.mkdir()
     # the sweep writes 5000 bytes that do not compress; the limit is 2000
     rows = "mkdir -p results/long/pretrain/fp8 && head -c 5000 /dev/urandom > results/long/pretrain/fp8/runs.parquet"
-    for name, body in (("nvidia-smi", "echo 'NVIDIA H200'"), ("snakemake", rows),
-                       ("attnbench", "exit 0")):
-        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / name).chmod(0o755)
+    tools = {"nvidia-smi": "echo 'NVIDIA H200'", "snakemake": rows, "attnbench": "exit 0"}
+    env = {**_bare_repo(tmp_path, tools, sweeps=("long",)), "BUDGET_S": "600", "FILE_LIMIT_BYTES": "2000"}
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "BUDGET_S": "600",
-           "FILE_LIMIT_BYTES": "2000"}
     done = subprocess.run(["bash", "scripts/lease.sh", "long"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
