@@ -212,7 +212,11 @@ def validate_rows(df: pd.DataFrame, source: str = "results") -> None:
 
 
 def write_atomic(df: pd.DataFrame, path: str | Path) -> None:
-    """Write parquet via a temporary file in the same folder and rename: never a half-written file."""
+    """Write parquet via a temporary file in the same folder and rename: never a half-written file.
+
+    Compressed with zstd, about a sixth smaller than pandas' default snappy on this project's rows (the committed
+    reference rows travel with every GPU call, whose copy of the tree has a size limit).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -220,7 +224,7 @@ def write_atomic(df: pd.DataFrame, path: str | Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     try:
-        df.to_parquet(tmp, index=False)
+        df.to_parquet(tmp, index=False, compression="zstd")
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes owner-only files; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:

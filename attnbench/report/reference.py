@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.bench.results import to_frame
+from attnbench.bench.results import to_frame, write_atomic
 from attnbench.report import stages
 from attnbench.workflow import paths
 
@@ -87,7 +87,7 @@ def assemble(name: str, rows: str | Path, out: str | Path) -> Path:
     parts: dict[str, list[str]] = {"env": [], "microbench": []}
     sweep = rows / SWEEP_FOLDERS[name]
     _env(sweep, out)
-    to_frame(pd.read_parquet(sweep / "microbench.parquet")).to_parquet(paths.within(out, paths.MERGED), index=False)
+    write_atomic(to_frame(pd.read_parquet(sweep / "microbench.parquet")), paths.within(out, paths.MERGED))
     if name == "sweep":
         parts["stability"] = _stability(rows / "stability", out)
         _copy(rows / "hbm" / "hbm.parquet", paths.within(out, paths.HBM_TABLE))
