@@ -2,7 +2,7 @@
 # Run sweeps through Snakemake on a time-limited GPU lease, and pack what they made for the trip back.
 #
 #   OUT=<dir> BUDGET_S=<seconds> [EXPECT_GPU=H200] [RESTORE_ROWS=results/reference/<gpu>/<folder>] \
-#     bash scripts/lease.sh <sweep>[:<group>,...] [<sweep>[:<group>,...] ...]
+#     [SNAKEMAKE_CONFIG='<key>=<value>'] bash scripts/lease.sh <sweep>[:<group>,...] [<sweep>[:<group>,...] ...]
 #   (from the repository root)
 #
 # Each <sweep> is config/sweeps/<sweep>.yaml. A sweep alone runs its default target (every job, and the report
@@ -20,7 +20,9 @@
 #   2. records the GPU (nvidia-smi) beside the results;
 #   3. sets the deadline the guard honours (ATTNBENCH_DEADLINE): jobs that would start after it become rows
 #      that say so, and a job still running then is stopped and keeps its finished rows;
-#   4. runs `snakemake --configfile config/sweeps/<sweep>.yaml`; a cut call leaves a sweep that the next call
+#   4. runs `snakemake --configfile config/sweeps/<sweep>.yaml` (with SNAKEMAKE_CONFIG, one `--config` value on
+#      top, merged key by key: e.g. pretrain={select: {runs: [...]}} trains only the runs a short lease can finish,
+#      and the planned config in results/<sweep>/env records it); a cut call leaves a sweep that the next call
 #      on the same warm machine resumes (Snakemake reruns only what is missing or incomplete), and that a cold
 #      machine resumes from the pack of step 5, carried as .gpu-wheels/<sweep>.tar.gz and unpacked first, or, for
 #      named pretraining experiments, from committed rows: with RESTORE_ROWS (the sweep's reference folder) a cold
@@ -112,7 +114,8 @@ for spec in "$@"; do
         || echo "=== $sweep: nothing restored for $group" >&2
     done
   fi
-  targets=(); first=(); force=()
+  targets=(); first=(); force=(); extra=()
+  [ -n "${SNAKEMAKE_CONFIG:-}" ] && extra=(--config "$SNAKEMAKE_CONFIG")
   if [ "$spec" != "$sweep" ]; then  # the planner checks the group names and names the paths (attnbench plan --targets)
     listed=$(attnbench plan --config "$config" --targets "${spec#*:}") || { echo "=== $sweep: not started" >&2; continue; }
     mapfile -t targets <<< "$listed"
@@ -131,9 +134,9 @@ for spec in "$@"; do
   # 4. the sweep (a stale lock from a cut call is released first; incomplete outputs are rerun)
   snakemake --configfile "$config" --unlock >/dev/null 2>&1
   timeout --signal=INT --kill-after=20 "$left" \
-    snakemake "${targets[@]}" --configfile "$config" --cores all --rerun-incomplete \
+    snakemake "${targets[@]}" --configfile "$config" "${extra[@]}" --cores all --rerun-incomplete \
       "${omit[@]}" "${first[@]}" "${force[@]}" \
-    > "$OUT/$sweep-snakemake.log" 2>&1  # the targets first: --configfile, --omit-from, --prioritize and --forcerun take every word after them
+    > "$OUT/$sweep-snakemake.log" 2>&1  # the targets first: --configfile, --config, --omit-from, --prioritize and --forcerun take every word after them
   echo "--- $sweep: snakemake exited $? after $(( $(date +%s) - started ))s"
   grep -E "^attnbench: |steps \([0-9]+%\) done|Error in rule|MissingOutput" "$OUT/$sweep-snakemake.log" | tail -8
   # "N of N steps done" counts a job that wrote only not-run rows at the deadline: the rows say what ran

@@ -70,6 +70,24 @@ def test_a_cold_lease_restores_the_named_experiments_from_committed_rows(tmp_pat
             assert lines.index(restore) < next(i for i, l in enumerate(lines) if l.startswith("snakemake results"))
 
 
+def test_a_lease_passes_snakemake_config_as_one_value_on_top_of_the_sweep_file(tmp_path):
+    """SNAKEMAKE_CONFIG (e.g. the runs a short lease can finish) reaches Snakemake as one --config word, followed by
+    an option, so no target is read as a config value; without it there is no --config."""
+    calls = tmp_path / "calls.txt"
+    tools = {"nvidia-smi": "echo 'NVIDIA H200'", "snakemake": f"printf '%s|' \"$@\" >> {calls}; echo >> {calls}",
+             "attnbench": "[ \"$1\" = plan ] && echo results/long/pretrain/fp8/runs.parquet; exit 0"}
+    env = {**_bare_repo(tmp_path, tools, sweeps=("long",)), "BUDGET_S": "600"}
+    value = 'pretrain={select: {runs: ["fp8/bf16/s0", "fp8/fp8-tensorwise/s0"]}}'
+    for extra in ({"SNAKEMAKE_CONFIG": value}, {}):
+        calls.write_text("")
+        done = subprocess.run(["bash", "scripts/lease.sh", "long:fp8"], cwd=tmp_path, env={**env, **extra},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        run = next(line for line in calls.read_text().splitlines() if line.startswith("results/")).split("|")
+        assert run[:3] == ["results/long/pretrain/fp8/runs.parquet", "--configfile", "config/sweeps/long.yaml"]
+        assert run[3:6] == (["--config", value, "--cores"] if extra else ["--cores", "all", "--rerun-incomplete"])
+
+
 def test_a_pack_over_the_file_limit_comes_back_in_parts_that_cat_joins(tmp_path):
     """A call brings back no file over its limit (16 MB): a larger pack is split, and the parts join to the pack."""
     import tarfile
