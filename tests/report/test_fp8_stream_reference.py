@@ -85,6 +85,11 @@ def test_no_overflow_and_swiglu_amax_grows_here_too(frames):
     swiglu = layers[layers["variant"] == "swiglu-bf16"].set_index("layer")
     assert swiglu["records"].eq(36).all()  # the cut run, to step 8986
     assert swiglu["amax_max"].idxmax() == "blocks.4.mlp.proj" and swiglu["amax_max"].max() == 140
+    underflow = layers[layers["variant"].isin(["fp8-tensorwise", "mxfp8"])].set_index(["variant", "layer"])
+    underflow = underflow["underflow_mean"]
+    assert underflow["fp8-tensorwise", "blocks.5.mlp.proj"] == pytest.approx(0.078, abs=5e-4)
+    assert underflow["mxfp8", "blocks.5.mlp.proj"] == pytest.approx(0.035, abs=5e-4)
+    assert underflow.drop("blocks.5.mlp.proj", level="layer").max() < 0.05
 
 
 def test_what_a_step_row_did_besides_the_step(frames):
