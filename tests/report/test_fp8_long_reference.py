@@ -1,14 +1,14 @@
 """The committed long FP8 rows (results/reference/h100/fp8-long: config/sweeps/h200-fp8-long.yaml, which a lease
 ran on an H100) at the numbers docs/training.md ("FP8 over a long run") quotes from them."""
 import shutil
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from attnbench.train import experiments as ex
+from tests.report.fp8_reference import (REPO, assert_committed_tables_equal, planned_and_restored,
+                                        rebuild)
 
-REPO = Path(__file__).resolve().parents[2]
 SWEEP = REPO / "results" / "reference" / "h100" / "fp8-long"
 ROWS = SWEEP / "pretrain" / "fp8"
 
@@ -95,20 +95,11 @@ def test_the_later_runs_time_what_a_step_row_did_besides_the_step():
 @pytest.fixture(scope="module")
 def rebuilt(tmp_path_factory):
     """The committed rows in a sweep folder of their own, with the pretraining stage's outputs written anew."""
-    from attnbench.report import stages
-
-    folder = tmp_path_factory.mktemp("fp8-long")
-    shutil.copytree(ROWS, folder / "pretrain" / "fp8")
-    stages.write("pretrain", folder, ("fp8",))
-    return folder
+    return rebuild(SWEEP, tmp_path_factory.mktemp("fp8-long"))
 
 
 def test_committed_tables_are_what_the_rows_give(rebuilt):
-    committed = sorted((SWEEP / "pretrain" / "tables").glob("*.csv"))
-    assert [p.name for p in committed] == ["fp8.csv", "fp8_layers.csv", "fp8_scales.csv", "fp8_spikes.csv"]
-    for path in committed:
-        pd.testing.assert_frame_equal(pd.read_csv(rebuilt / "pretrain" / "tables" / path.name), pd.read_csv(path),
-                                      obj=str(path.relative_to(SWEEP)))
+    assert_committed_tables_equal(SWEEP, rebuilt)
 
 
 @pytest.mark.skipif(shutil.which("jupyter") is None and shutil.which("jupytext") is None,
@@ -129,12 +120,6 @@ def test_the_report_renders_the_long_runs_pretraining_section(rebuilt, tmp_path)
 def test_a_later_lease_trains_nothing_again(tmp_path, monkeypatch):
     """The sweep plans today the config hashes these rows carry, so `RESTORE_ROWS=results/reference/h100/fp8-long`
     puts all nine runs back (docs/reference-runs.md) and a lease of `h200-fp8-long:fp8` only writes the tables."""
-    from attnbench.plan import load_plan
-    from attnbench.train.loop import RunSpec
-    from attnbench.train.restore import restore_finished_runs
-
     monkeypatch.chdir(REPO)
-    plan = load_plan(REPO / "config" / "sweeps" / "h200-fp8-long.yaml", "cuda")
-    specs = [RunSpec.from_dict(d) for d in plan.job("pretrain", "fp8").payload["runs"]]
-    restored = restore_finished_runs("fp8", specs, ROWS.relative_to(REPO), tmp_path)
-    assert restored == [s.name for s in specs]
+    planned, restored = planned_and_restored("h200-fp8-long.yaml", SWEEP, tmp_path)
+    assert restored == planned

@@ -1,15 +1,14 @@
-"""The committed FP8 rows on data that never repeats (results/reference/h100/fp8-stream: config/sweeps/h200-fp8-stream.yaml,
-which a lease ran on an H100, four of its nine runs) at the numbers docs/training.md ("FP8 on data that never
-repeats") quotes from them."""
-import shutil
-from pathlib import Path
+"""The committed FP8 rows on data that never repeats (results/reference/h100/fp8-stream:
+config/sweeps/h200-fp8-stream.yaml, which a lease ran on an H100, four of its nine runs) at the numbers
+docs/training.md ("FP8 on data that never repeats") quotes from them."""
 
 import pandas as pd
 import pytest
 
 from attnbench.train import experiments as ex
+from tests.report.fp8_reference import (REPO, assert_committed_tables_equal, planned_and_restored,
+                                        rebuild)
 
-REPO = Path(__file__).resolve().parents[2]
 SWEEP = REPO / "results" / "reference" / "h100" / "fp8-stream"
 ROWS = SWEEP / "pretrain" / "fp8"
 FINISHED = {"fp8/bf16/s0", "fp8/bf16/s1", "fp8/fp8-tensorwise/s0", "fp8/mxfp8/s0"}
@@ -109,31 +108,16 @@ def test_what_a_step_row_did_besides_the_step(frames):
 @pytest.fixture(scope="module")
 def rebuilt(tmp_path_factory):
     """The committed rows in a sweep folder of their own, with the pretraining stage's outputs written anew."""
-    from attnbench.report import stages
-
-    folder = tmp_path_factory.mktemp("fp8-stream")
-    shutil.copytree(ROWS, folder / "pretrain" / "fp8")
-    stages.write("pretrain", folder, ("fp8",))
-    return folder
+    return rebuild(SWEEP, tmp_path_factory.mktemp("fp8-stream"))
 
 
 def test_committed_tables_are_what_the_rows_give(rebuilt):
-    committed = sorted((SWEEP / "pretrain" / "tables").glob("*.csv"))
-    assert [p.name for p in committed] == ["fp8.csv", "fp8_layers.csv", "fp8_scales.csv", "fp8_spikes.csv"]
-    for path in committed:
-        pd.testing.assert_frame_equal(pd.read_csv(rebuilt / "pretrain" / "tables" / path.name), pd.read_csv(path),
-                                      obj=str(path.relative_to(SWEEP)))
+    assert_committed_tables_equal(SWEEP, rebuilt)
 
 
 def test_a_later_lease_trains_only_the_five_runs_missing(tmp_path, monkeypatch):
     """`RESTORE_ROWS=results/reference/h100/fp8-stream` puts the four finished runs back; the cut one and the four
     not chosen train (docs/reference-runs.md)."""
-    from attnbench.plan import load_plan
-    from attnbench.train.loop import RunSpec
-    from attnbench.train.restore import restore_finished_runs
-
     monkeypatch.chdir(REPO)
-    plan = load_plan(REPO / "config" / "sweeps" / "h200-fp8-stream.yaml", "cuda")
-    specs = [RunSpec.from_dict(d) for d in plan.job("pretrain", "fp8").payload["runs"]]
-    restored = restore_finished_runs("fp8", specs, ROWS.relative_to(REPO), tmp_path)
+    planned, restored = planned_and_restored("h200-fp8-stream.yaml", SWEEP, tmp_path)
     assert sorted(restored) == sorted(FINISHED)
