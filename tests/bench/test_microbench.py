@@ -103,6 +103,27 @@ def test_results_files_get_normal_permissions(tmp_path):
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_results_files_split_the_bytes_of_measured_floats_and_read_back_exactly(tmp_path):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from attnbench.bench.results import write_atomic
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"loss": 2.0 + rng.standard_normal(4000).cumsum() * 1e-3,  # a measurement: all distinct
+                          "overflow": np.where(rng.random(4000) < 0.9, 0.0, np.nan),  # repeats
+                          "run": ["fp8/bf16/s0"] * 4000})
+    frame.loc[7, "loss"] = np.nan
+    out = tmp_path / "steps.parquet"
+    write_atomic(frame, out)
+    pd.testing.assert_frame_equal(pd.read_parquet(out), frame)  # lossless, NaN included
+    columns = pq.ParquetFile(out).metadata.row_group(0)
+    encodings = {columns.column(i).path_in_schema: columns.column(i).encodings for i in range(columns.num_columns)}
+    assert "BYTE_STREAM_SPLIT" in encodings["loss"]
+    assert "BYTE_STREAM_SPLIT" not in encodings["overflow"] and "RLE_DICTIONARY" in encodings["overflow"]
+    assert "RLE_DICTIONARY" in encodings["run"]
+
+
 def test_a_workload_group_runs_into_valid_rows(tmp_path):
     """A trace-driven group: planned, run, and every row valid against the results schema with its batch shape."""
     from attnbench.bench.schema import validate_frame
