@@ -182,6 +182,10 @@ def _plan_lr(model, tcfg, data, exp) -> list[RunSpec]:
 
 def _plan_fp8(model, tcfg, data, exp) -> list[RunSpec]:
     stats, seeds = tuple(exp["stats"]), exp["seeds"]
+    if exp["replicates"] > len(seeds):
+        raise ConfigError(f"pretrain.experiments.fp8.replicates={exp['replicates']} is more than the {len(seeds)} "
+                          f"seeds; allowed: 1 to {len(seeds)}")
+    replicated = seeds[:exp["replicates"]]
     base, *others = exp["precisions"]
 
     def spec(variant, mlp_variant, m, precision, seed):
@@ -189,14 +193,14 @@ def _plan_fp8(model, tcfg, data, exp) -> list[RunSpec]:
         return _spec(f"{variant}/s{seed}", m, t, data, "fp8", variant=variant, mlp_variant=mlp_variant, seed=seed)
 
     runs = [spec(base, model.mlp, model, base, s) for s in seeds]
-    runs += [spec(p, model.mlp, model, p, seeds[0]) for p in others]
+    runs += [spec(p, model.mlp, model, p, s) for p in others for s in replicated]
     for smooth in (False, True):
         name = "smooth-swiglu" if smooth else "swiglu"
         m = dataclasses.replace(model, mlp="swiglu", smooth_swiglu=smooth, d_ff=None)
         # Smooth-SwiGLU's power-of-two scales are exact outside FP8 casts: at bf16 it is SwiGLU bit for bit
         # (tests/models/test_gpt.py), one more replicate, so it runs at the FP8 precisions only
         chosen = [p for p in exp["swiglu_precisions"] if not smooth or get_precision(p).fp8_recipe]
-        runs += [spec(f"{name}-{p}", name, m, p, seeds[0]) for p in chosen]
+        runs += [spec(f"{name}-{p}", name, m, p, s) for p in chosen for s in replicated]
     return runs
 
 
