@@ -148,6 +148,7 @@ class Plan:
     context_cost: dict[str, Group] = field(default_factory=dict)
     capability: dict | None = None
     pretrain: dict[str, object] = field(default_factory=dict)  # experiment -> train.experiments.ExperimentPlan
+    planned_runs: list[str] = field(default_factory=list)  # every run this device plans, its stage run or not
     triton: dict[str, Group] = field(default_factory=dict)
     context_parallel: list = field(default_factory=list)  # Jobs, one per world size (attnbench.parallel.plan)
 
@@ -361,6 +362,7 @@ def _plan_device(config: dict, device: str, why: str, rule_backend_files: list[s
     cost = grid_groups(view["context"]["cost"], f"context.cost.{device}", max_cases)
     capability = check_capability(view["context"]["capability"], "context.capability")
     pretrain = plan_experiments(view["pretrain"])
+    plan.planned_runs = [spec.name for experiment in pretrain.values() for spec in experiment.runs]
     context_parallel = context_parallel_jobs(view["context_parallel"], view)
     stages = plan.stages
     if "microbench" in stages:
@@ -432,8 +434,12 @@ def baseline_input(config: dict):
 
 def check_config(config: dict, rule_backend_files: list[str] | None = None) -> dict[str, Plan]:
     """Plan every device, so that a CPU host checks the ``cuda`` blocks too; one-line ConfigError on any problem."""
+    from attnbench.train.experiments import check_selected_runs
+
     check_baseline(config.get("baseline"))
     plans = {device: _plan_device(config, device, f"planned for {device}", rule_backend_files) for device in DEVICES}
+    check_selected_runs(config["pretrain"]["select"]["runs"],
+                        list(dict.fromkeys(name for plan in plans.values() for name in plan.planned_runs)))
     for section in ("stability", "triton"):
         known = {g for device in DEVICES for g in config["microbench"][device]["groups"]}
         for name in config[section]["groups"]:

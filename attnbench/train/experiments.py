@@ -108,7 +108,7 @@ def selected(names: list[str], patterns: list[str]) -> list[str]:
 
 def plan_experiments(pre: dict) -> dict[str, ExperimentPlan]:
     """``pretrain.select``: the chosen experiments, each with all its runs and those to train now; every
-    backend name checked.
+    backend name checked (the patterns of ``select.runs`` by :func:`check_selected_runs`, against every device).
 
     Errors name the key under ``pretrain``. Backends are checked against the registry here, at
     planning time, not when a run starts.
@@ -120,12 +120,6 @@ def plan_experiments(pre: dict) -> dict[str, ExperimentPlan]:
         plans = {name: plan_runs(pre, name) for name in pre["select"]["experiments"]}
     except ConfigError as err:
         raise ConfigError(str(err) if str(err).startswith("pretrain.") else f"pretrain.{err}") from None
-    names = [s.name for runs in plans.values() for s in runs]
-    for pattern in pre["select"]["runs"]:
-        if not selected(names, [pattern]):
-            shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-            raise ConfigError(f"pretrain.select.runs: {pattern!r} is not a planned run and matches none; allowed: "
-                              f"run names or patterns of the selected experiments ({shown}; attnbench experiment list)")
     for runs in plans.values():
         for spec in runs:
             for backend in [spec.model.backend, *spec.train.backend_candidates]:
@@ -134,6 +128,17 @@ def plan_experiments(pre: dict) -> dict[str, ExperimentPlan]:
                                       f"allowed: auto, {', '.join(known)}")
     return {name: ExperimentPlan(runs, selected([s.name for s in runs], pre["select"]["runs"]))
             for name, runs in plans.items()}
+
+
+def check_selected_runs(patterns: list[str], planned: list[str]) -> None:
+    """Every pattern of ``pretrain.select.runs`` names a run that some device plans: ``planned`` is every device's
+    (a CPU host checks the ``cuda`` blocks too, and a run that only the GPU plans is a valid choice; on the device
+    that does not plan it, the pattern selects nothing)."""
+    for pattern in patterns:
+        if not selected(planned, [pattern]):
+            shown = ", ".join(planned[:8]) + (", ..." if len(planned) > 8 else "")
+            raise ConfigError(f"pretrain.select.runs: {pattern!r} is not a planned run and matches none; allowed: "
+                              f"run names or patterns of the selected experiments ({shown}; attnbench experiment list)")
 
 
 def _spec(name: str, model: GPTConfig, tcfg: TrainConfig, data: DataConfig, experiment: str, **tags) -> RunSpec:

@@ -132,6 +132,17 @@ def test_select_runs_takes_names_and_patterns_and_rejects_what_matches_nothing()
         planner.build_plan(config)
 
 
+def test_select_runs_may_name_a_run_only_the_gpu_plans():
+    """A CPU host plans the cuda blocks too; a run only they plan (here fp8-tensorwise at seed 1, from the cuda
+    block's replicates) is a valid choice: the GPU trains it, the CPU plan selects nothing."""
+    config = _tiny_config()
+    config["pretrain"]["select"] = {"experiments": ["fp8"], "runs": ["fp8/fp8-tensorwise/s1"]}
+    config["pretrain"]["cuda"] = {"experiments": {"fp8": {"replicates": 2}}}
+    plans = planner.check_config(validate_config(config))
+    assert plans["cuda"].job("pretrain", "fp8").payload["train"] == ["fp8/fp8-tensorwise/s1"]
+    assert plans["cpu"].job("pretrain", "fp8").payload["train"] == []
+
+
 def test_divergence_in_two_parts_with_intervals_tables_and_figures(tmp_path):
     config = _tiny_config()
     config["pretrain"]["select"] = {"experiments": ["divergence"], "runs": ["divergence/*/s0"]}
