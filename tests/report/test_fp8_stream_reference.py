@@ -1,6 +1,6 @@
 """The committed FP8 rows on data that never repeats (results/reference/h100/fp8-stream:
-config/sweeps/h200-fp8-stream.yaml: eleven of its fifteen runs, which leases on H100s trained over two sessions) at the numbers
-docs/training.md ("FP8 on data that never repeats") quotes from them."""
+config/sweeps/h200-fp8-stream.yaml, eleven of its fifteen runs, which leases on H100s trained over two
+sessions) at the numbers docs/training.md ("FP8 on data that never repeats") quotes from them."""
 
 import pandas as pd
 import pytest
