@@ -97,17 +97,17 @@ def test_lr_and_fp8_plans_run_every_variant_at_their_seeds():
 def test_fp8_replicates_run_every_recipe_at_the_first_seeds_and_pair_within_a_seed():
     config = _tiny_config(fp8={"precisions": ["bf16", "fp8-tensorwise"], "seeds": [0, 1, 2], "replicates": 2,
                                "swiglu_precisions": ["bf16", "fp8-tensorwise"]})
-    names = [s.name for s in ex.plan_runs(_view(config), "fp8")]
+    specs = ex.plan_runs(_view(config), "fp8")
+    names = [s.name for s in specs]
     assert names == ["fp8/bf16/s0", "fp8/bf16/s1", "fp8/bf16/s2", "fp8/fp8-tensorwise/s0", "fp8/fp8-tensorwise/s1",
                      "fp8/swiglu-bf16/s0", "fp8/swiglu-bf16/s1", "fp8/swiglu-fp8-tensorwise/s0",
                      "fp8/swiglu-fp8-tensorwise/s1", "fp8/smooth-swiglu-fp8-tensorwise/s0",
                      "fp8/smooth-swiglu-fp8-tensorwise/s1"]
-    runs = pd.DataFrame([{"run": n, "status": "ok", "precision": "bf16" if "bf16" in n else "fp8-tensorwise",
-                          "mlp_variant": n.split("/")[1].split("-")[0] if "swiglu" in n else "gelu",
-                          "seed": int(n[-1])} for n in names])
-    runs.loc[runs["run"].str.startswith("fp8/smooth"), "mlp_variant"] = "smooth-swiglu"
+    runs = pd.DataFrame([{"run": s.name, "status": "ok", "precision": s.train.precision,
+                          "mlp_variant": s.tags["mlp_variant"], "seed": s.tags["seed"]} for s in specs])
     pairs, seeds = ex._fp8_pairs(runs)
-    assert pairs["fp8/swiglu-fp8-tensorwise/s1"] == pairs["fp8/smooth-swiglu-fp8-tensorwise/s1"] == "fp8/swiglu-bf16/s1"
+    assert pairs["fp8/swiglu-fp8-tensorwise/s1"] == "fp8/swiglu-bf16/s1"
+    assert pairs["fp8/smooth-swiglu-fp8-tensorwise/s1"] == "fp8/swiglu-bf16/s1"
     assert pairs["fp8/fp8-tensorwise/s1"] == "fp8/bf16/s1" and seeds == ["fp8/bf16/s0", "fp8/bf16/s1", "fp8/bf16/s2"]
     config["pretrain"]["experiments"]["fp8"]["replicates"] = 4
     with pytest.raises(ConfigError, match=r"pretrain.experiments.fp8.replicates=4 is more than the 3 seeds; "
