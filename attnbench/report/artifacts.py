@@ -77,8 +77,12 @@ class Figure:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         paths = [folder / f"{self.name}.{ext}" for ext in FIGURE_FORMATS]
-        for path in paths:
-            self.figure.savefig(path, dpi=DPI, bbox_inches="tight")
+        # the same figure writes the same bytes: SVG element ids from a fixed salt and no date, so rows drawn again
+        # change no committed file they do not change the picture of
+        with plt.rc_context({"svg.hashsalt": "attnbench"}):
+            for path in paths:
+                metadata = {"Date": None} if path.suffix == ".svg" else None
+                self.figure.savefig(path, dpi=DPI, bbox_inches="tight", metadata=metadata)
         plt.close(self.figure)
         return paths
 

@@ -250,9 +250,12 @@ def _fp8_gap_figure(runs, steps) -> plt.Figure:
     gaps = ex.fp8_gap_frame(runs, steps)
     if gaps.empty:
         return placeholder("FP8 loss gap", "no run trained")
+    seed = runs.set_index("run")["seed"]  # a line style per seed, so a recipe's replicates are told apart
     fig, (val, train) = plt.subplots(1, 2, figsize=(14, 4.5))
-    _gap_panel(val, gaps, "val loss - baseline at the same seed", "validation loss, at each eval step", legend=False)
-    _gap_panel(train, ex.fp8_train_gap_curve(runs, steps), "training loss - baseline at the same seed",
+    _gap_panel(val, gaps.assign(seed=gaps["run"].map(seed)), "val loss - baseline at the same seed",
+               "validation loss, at each eval step", legend=False)
+    curve = ex.fp8_train_gap_curve(runs, steps)
+    _gap_panel(train, curve.assign(seed=curve["run"].map(seed)), "training loss - baseline at the same seed",
                f"training loss, mean over windows of {ex.FP8_TRAIN_WINDOW} steps", legend=True)
     fig.suptitle("FP8 loss gap over steps against the baseline seeds' noise band")
     fig.tight_layout()
@@ -264,7 +267,8 @@ def _gap_panel(ax, gaps, ylabel: str, title: str, legend: bool) -> None:
     if len(band):
         ax.fill_between(band.index, band["band_low"], band["band_high"], color="grey", alpha=0.3,
                         label="+- the baseline seeds' largest distance from their mean")
-    sns.lineplot(data=gaps, x="step", y="gap", hue="variant", units="run", estimator=None, ax=ax, legend=legend)
+    sns.lineplot(data=gaps, x="step", y="gap", hue="variant", style="seed", units="run", estimator=None, ax=ax,
+                 legend=legend)
     ax.axhline(0, color="black", lw=0.5)
     ax.set(ylabel=ylabel, title=title)
     if legend and ax.get_legend():  # none where no pair has a step in common

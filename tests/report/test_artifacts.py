@@ -35,6 +35,16 @@ def test_index_lists_every_file_with_caption_group_and_empty_flag(tmp_path):
     assert set(speed["files"]) == {"md", "tex", "csv"}
 
 
+def test_the_same_outputs_write_the_same_bytes(tmp_path):
+    """Figures drawn again from the same rows leave committed files as they were (no date, no random SVG ids)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_stage("stage", _outputs(), first)
+    write_stage("stage", _outputs(), second)
+    written = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert {p.suffix for p in written} >= {".png", ".svg"}
+    assert all((first / p).read_bytes() == (second / p).read_bytes() for p in written)
+
+
 def test_two_tables_of_one_name_are_refused(tmp_path):
     outputs = StageOutputs([note_table("t", "c", "n"), note_table("t", "c", "n")])
     with pytest.raises(ValueError, match="two tables are named 't'"):

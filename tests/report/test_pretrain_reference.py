@@ -61,3 +61,18 @@ def test_committed_rows_render_with_todays_tables(tmp_path):
     opens = recipes["train_gap_opens_at_step"]
     assert (opens["fp8-tensorwise"], opens["mxfp8"], opens["swiglu-fp8-tensorwise"]) == (899, 999, 899)
     assert opens[["fp8-rowwise", "smooth-swiglu-fp8-tensorwise"]].isna().all()
+
+
+def test_the_sweeps_own_tables_are_what_its_rows_give(tmp_path):
+    """The stage tables in the sweep's folder (pretrain/tables/) are today's code's, as the main report's are
+    (tests/report/test_reference.py): written anew from the rows beside them, every table is the same."""
+    from attnbench.report import stages
+
+    sweep = ROWS / "sweep"
+    names = _pretrain(ROWS, tmp_path)
+    stages.write("pretrain", tmp_path, tuple(names))
+    committed = sorted((sweep / "pretrain" / "tables").glob("*.csv"))
+    assert len(committed) == 14
+    for path in committed:
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "pretrain" / "tables" / path.name), pd.read_csv(path),
+                                      obj=str(path.relative_to(ROOT)))
