@@ -454,7 +454,12 @@ def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak
         run.load(ckpt)
         log, counters, start = {"rows": ckpt["rows"], "layer_rows": ckpt.get("layer_rows", [])}, ckpt["counters"], \
             ckpt["step"]
+        sharing.resume(counters.pop("gpu_sharing", {}))  # its earlier parts' GPU, with the rows they logged
         del ckpt
+
+    def checkpoint(step: int) -> None:  # the run so far, with what its GPU sharing was
+        _atomic_save(run.state(step, log, {**counters, "gpu_sharing": sharing.record()}), ckpt_path)
+
     if start == 0:
         counters["initial_val_loss"] = evaluate(run.model, val, run.precision, device)
         run.snapshot(0)
@@ -482,7 +487,7 @@ def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak
             break
         if spec.train.ckpt_every and updates % spec.train.ckpt_every == 0 and updates < spec.train.steps:
             began = time.perf_counter()
-            _atomic_save(run.state(updates, log, counters), ckpt_path)
+            checkpoint(updates)
             row["ckpt_s"] = time.perf_counter() - began  # after the save: the checkpoint's own copy of the row lacks it
     sharing.sample()
     frame = pd.DataFrame(rows)
@@ -502,7 +507,7 @@ def _train(spec: RunSpec, out: Path, device: str, peak_flops: float | None, peak
     write_json(summary, summary_path)
     _atomic_save({k: v.detach().cpu() for k, v in run.model.state_dict().items()}, out / "final.pt")  # loadable
     if status == "truncated":  # a later call with more time resumes here
-        _atomic_save(run.state(rows[-1]["step"] + 1, log, counters), ckpt_path)
+        checkpoint(rows[-1]["step"] + 1)
     elif ckpt_path.is_file():
         ckpt_path.unlink()
     if run.recorder:

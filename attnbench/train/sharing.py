@@ -14,6 +14,10 @@ namespace (a container) NVML reports host process ids, so the own entry cannot b
 the count of others is the list's length minus one, and ``gpu_shared_with`` may then hold the run's
 own host id. NVML cannot list processes of other containers on some drivers: ``alone`` means no
 process was visible, and the lease is what guarantees it inside one pipeline.
+
+A run resumed from a checkpoint is one run over several processes: its checkpoint carries the record so far
+(:meth:`GpuSharing.record`, taken up by :meth:`GpuSharing.resume`), so a run that shared its GPU before a cut
+is ``shared`` however its last part ran: its tokens/s are over every part's steps.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class GpuSharing:
     def __init__(self, device: str):
         self.others: set[int] = set()
         self.samples, self.most_others, self.handle, self.why = 0, 0, None, ""
+        self.earlier: dict = {}  # the record of the run's parts before a resume
         if device != "cuda":
             self.why = f"unchecked: a {device} run"
             return
@@ -54,11 +59,24 @@ class GpuSharing:
         self.most_others = max(self.most_others, max(0, len(procs) - 1))  # the run's own context is one of them
         self.others |= {int(p.pid) for p in procs if int(p.pid) != own}
 
+    def resume(self, earlier: dict) -> None:
+        """Take up the :meth:`record` of the run's earlier parts (from its checkpoint)."""
+        self.earlier = earlier
+
+    def record(self) -> dict:
+        """The run's finding so far, every part's (plain values: a checkpoint is loaded with weights_only)."""
+        summary = self.summary()
+        return {key: summary[key] for key in ("gpu_sharing", "gpu_shared_with", "gpu_sharing_samples")}
+
     def summary(self) -> dict:
-        if self.handle is None and not self.samples:
-            sharing = self.why
-        else:
-            sharing = "shared" if self.most_others else "alone"
+        """``shared`` if any part of the run saw another process, else the first part's ``unchecked: <why>`` if
+        any, else ``alone``."""
+        own = self.why if self.handle is None and not self.samples else "shared" if self.most_others else "alone"
+        earlier = self.earlier.get("gpu_sharing")
+        parts = [earlier, own] if earlier else [own]
+        sharing = "shared" if "shared" in parts else next((p for p in parts if p != "alone"), "alone")
+        others = {int(pid) for pid in self.earlier.get("gpu_shared_with", "").split(",") if pid}
+        others |= self.others if self.most_others else set()
         return {"gpu_lease": os.environ.get(LEASE_ENV, "").removeprefix("cuda:"), "gpu_sharing": sharing,
-                "gpu_shared_with": ",".join(map(str, sorted(self.others))) if self.most_others else "",
-                "gpu_sharing_samples": self.samples}
+                "gpu_shared_with": ",".join(map(str, sorted(others))),
+                "gpu_sharing_samples": self.samples + int(self.earlier.get("gpu_sharing_samples", 0))}

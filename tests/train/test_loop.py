@@ -226,6 +226,34 @@ def test_a_run_cut_by_its_time_budget_ends_with_an_evaluation_and_resumes(tmp_pa
     assert done["status"] == "ok" and done["steps_done"] == 12
 
 
+def test_a_run_that_shared_its_gpu_before_a_cut_stays_shared_after_it_resumes(tmp_path, monkeypatch):
+    """Its tokens/s are over both parts' steps, so the part that ran alone does not make it `alone`."""
+    from attnbench.train import loop, sharing
+
+    class Seen(sharing.GpuSharing):  # what NVML would have listed: another process in the first part only
+        others_now: set[int] = {4242}
+
+        def __init__(self, device):
+            super().__init__("cuda")
+            self.handle, self.why = "gpu-handle", ""
+            Seen.last = self
+
+        def sample(self):
+            self.samples += 1
+            self.most_others = max(self.most_others, len(Seen.others_now))
+            self.others |= Seen.others_now
+
+    monkeypatch.setattr(loop, "GpuSharing", Seen)
+    cut = train(_spec(), tmp_path, "cpu", deadline=time.monotonic() - 1)
+    assert cut["status"] == "truncated" and cut["gpu_sharing"] == "shared" and cut["gpu_shared_with"] == "4242"
+    Seen.others_now = set()
+    done = train(_spec(), tmp_path, "cpu")
+    assert done["status"] == "ok" and done["steps_done"] == 12
+    assert done["gpu_sharing"] == "shared" and done["gpu_shared_with"] == "4242"
+    assert cut["gpu_sharing_samples"] > 0 and Seen.last.samples > 0  # the resumed part's own sampler
+    assert done["gpu_sharing_samples"] == cut["gpu_sharing_samples"] + Seen.last.samples
+
+
 def test_speed_is_the_median_and_iqr_after_the_first_tenth_of_steps():
     steps = pd.DataFrame({"tokens_per_s": [1.0] * 2 + [float(v) for v in range(1, 19)]})  # 20 steps, 2 left out
     assert speed_stats(steps) == {"tokens_per_s": 9.5, "tokens_per_s_iqr": 13.75 - 5.25}

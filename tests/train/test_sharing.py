@@ -51,3 +51,21 @@ def test_unchecked_on_a_cpu_and_without_nvml(monkeypatch):
     s = sharing.GpuSharing("cuda")
     s.sample()
     assert s.summary()["gpu_sharing"] == "unchecked: NVML unavailable (RuntimeError: NVML Shared Library Not Found)"
+
+
+def test_a_resumed_run_takes_up_its_earlier_parts(monkeypatch):
+    """A checkpoint carries the record: shared in any part is shared; else an unchecked part leaves it unchecked."""
+    _fake_nvml(monkeypatch, [[os.getpid(), 4242], [os.getpid()], [os.getpid()]])
+    monkeypatch.delenv(sharing.LEASE_ENV, raising=False)
+    first = sharing.GpuSharing("cuda")
+    first.sample()
+    later = sharing.GpuSharing("cuda")
+    later.resume(first.record())
+    later.sample(), later.sample()
+    assert later.summary() == {"gpu_lease": "", "gpu_sharing": "shared", "gpu_shared_with": "4242",
+                               "gpu_sharing_samples": 3}
+    _fake_nvml(monkeypatch, [[os.getpid()]])
+    alone = sharing.GpuSharing("cuda")
+    alone.resume(sharing.GpuSharing("cpu").record())
+    alone.sample()
+    assert alone.summary()["gpu_sharing"] == "unchecked: a cpu run"
