@@ -137,7 +137,7 @@ def guard(cmd: list[str], *, job: dict, backends: list[str], out: str) -> int:
     elif then != FINAL:
         reason += f" {resume.RETRY_NOTE}"
     missing = status_rows(job, backends, status, reason, done)
-    if then == FINAL:
+    if then == FINAL or missing.empty:  # nothing left to retry: a job stopped after its last row is complete
         resume.remove_marker(out)
     else:  # the marker first: an output without its marker would look complete
         resume.write_marker(out, {"fingerprint": fingerprint, "attempts": attempts, "final": final,

@@ -9,7 +9,7 @@ import pytest
 from attnbench import config as configs
 from attnbench import plan as planner
 from attnbench.bench.schema import validate_frame
-from attnbench.workflow import guard, ingest, lease
+from attnbench.workflow import guard, ingest, lease, resume
 
 CONFIG = {
     "sweep": "unit", "device": "cpu", "stages": ["microbench"],
@@ -49,6 +49,19 @@ def test_guard_keeps_the_rows_of_a_stopped_job_and_fills_in_the_rest(plan, tmp_p
     df = pd.read_parquet(out)
     assert df["status"].tolist() == ["ok", "error", "error", "error"] and df["case_id"].is_unique
     assert df["reason"].iloc[1] == "job exited with code 3 before this case finished (retried on the next run)"
+
+
+def test_a_job_stopped_after_its_last_row_is_complete(plan, tmp_path):
+    """Every pair has its row: no marker, so the next parse does not reopen the job (a stability process stopped at
+    the deadline while it exited left one beside committed reference rows)."""
+    out = tmp_path / "rows.parquet"
+    job = plan.job("microbench", "g").payload
+    guard.error_rows(job, ["eager"], "").assign(status="ok").to_parquet(tmp_path / "all.parquet")
+    late_exit = [sys.executable, "-c", "import shutil, sys; "
+                 f"shutil.copy({str(tmp_path / 'all.parquet')!r}, {str(out)!r}); sys.exit(3)"]
+    assert guard.guard(late_exit, job=job, backends=["eager"], out=str(out)) == 0
+    assert pd.read_parquet(out)["status"].tolist() == ["ok"] * 4
+    assert not resume.marker_path(str(out)).exists()
 
 
 def test_guard_keeps_a_finished_job_and_honours_the_deadline(plan, tmp_path, monkeypatch):
