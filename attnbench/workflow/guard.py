@@ -127,6 +127,7 @@ def guard(cmd: list[str], *, job: dict, backends: list[str], out: str) -> int:
             resume.remove_marker(out)
             return 0
     status, reason, then = _outcome(finished, limit_s, sweep_left_s)
+    stopped = reason  # without what happens next: nothing does where every pair has its row
     kept = _finished_rows(out_path, fingerprint)
     done = set(zip(kept["case_id"], kept["backend"])) if kept is not None else set()
     attempts = resume.next_attempt(out, fingerprint, len(done)) if then == CRASHED else 0
@@ -145,6 +146,8 @@ def guard(cmd: list[str], *, job: dict, backends: list[str], out: str) -> int:
                                   "pairs": [list(p) for p in zip(missing["case_id"], missing["backend"])]})
     df = pd.concat([kept, missing], ignore_index=True) if kept is not None else missing
     write_atomic(df, out_path)
-    print(f"attnbench guard: {reason}; kept {len(done)} finished rows, wrote {len(missing)} {status} rows to {out}",
-          file=sys.stderr)
+    said = (f"{stopped.removesuffix(' before this case finished')} after its last row; {out} is complete with "
+            f"its {len(done)} rows" if missing.empty else
+            f"{reason}; kept {len(done)} finished rows, wrote {len(missing)} {status} rows to {out}")
+    print(f"attnbench guard: {said}", file=sys.stderr)
     return 0

@@ -33,18 +33,17 @@ def test_fifteen_runs_finished_the_10000_steps_over_three_sessions(frames):
     (lease/4-*, 5-*), SwiGLU in bf16 again from step 0 (the first session had cut it at step 8,987); then, with
     replicates: 2, the SwiGLU pair at seed 1 (lease/7-*, 8-*; lease/6-* is the call that found a CPU host's check
     refusing a run only the GPU plans). The third session put those eleven back and trained the other four seed-1
-replicates, four at once over two calls (lease/9-*, 10-*)."""
+    replicates, four at once over two calls (lease/9-*, 10-*)."""
     runs, _, _, _ = frames
     by_run = runs.set_index("run")
     assert set(by_run.index) == FIRST | LATER | SEED_1 | SEED_1_REST
-    done = by_run
-    assert done["status"].eq("ok").all() and done["steps_done"].eq(10000).all()
+    assert by_run["status"].eq("ok").all() and by_run["steps_done"].eq(10000).all()
     assert by_run.loc[sorted(FIRST), "git_sha"].eq("99312833704b").all()
     assert by_run.loc[sorted(LATER), "git_sha"].eq("d36671f7b968").all()
     assert by_run.loc[sorted(SEED_1), "git_sha"].eq("83b8869d8632").all()
     assert by_run.loc[sorted(SEED_1_REST), "git_sha"].eq("682d45c9d836").all()
-    assert done["device_name"].str.contains("H100").all() and done["gpu"].nunique() == 4
-    assert done["corpus"].str.startswith("synthetic-stream").all()
+    assert by_run["device_name"].str.contains("H100").all() and by_run["gpu"].nunique() == 4
+    assert by_run["corpus"].str.startswith("synthetic-stream").all()
 
 
 def test_nothing_is_memorised_the_loss_still_falls_towards_the_chains_floor(frames):

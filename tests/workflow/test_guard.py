@@ -51,7 +51,7 @@ def test_guard_keeps_the_rows_of_a_stopped_job_and_fills_in_the_rest(plan, tmp_p
     assert df["reason"].iloc[1] == "job exited with code 3 before this case finished (retried on the next run)"
 
 
-def test_a_job_stopped_after_its_last_row_is_complete(plan, tmp_path):
+def test_a_job_stopped_after_its_last_row_is_complete(plan, tmp_path, capfd):
     """Every pair has its row: no marker, so the next parse does not reopen the job (a stability process stopped at
     the deadline while it exited left one beside committed reference rows)."""
     out = tmp_path / "rows.parquet"
@@ -62,6 +62,7 @@ def test_a_job_stopped_after_its_last_row_is_complete(plan, tmp_path):
     assert guard.guard(late_exit, job=job, backends=["eager"], out=str(out)) == 0
     assert pd.read_parquet(out)["status"].tolist() == ["ok"] * 4
     assert not resume.marker_path(str(out)).exists()
+    assert f"job exited with code 3 after its last row; {out} is complete with its 4 rows" in capfd.readouterr().err
 
 
 def test_guard_keeps_a_finished_job_and_honours_the_deadline(plan, tmp_path, monkeypatch):
