@@ -24,6 +24,7 @@ marks a table that only says why it has no rows (declared outputs always exist).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -43,6 +44,7 @@ INDEX_FORMAT = 1
 TABLE_FORMATS = ("md", "tex", "csv")
 FIGURE_FORMATS = ("png", "svg")
 DPI = 110
+PNG_COLOURS = 256  # a PNG palette holds at most 256 entries (PNG specification, 11.2.3 "PLTE Palette")
 
 
 @dataclass
@@ -81,10 +83,33 @@ class Figure:
         # change no committed file they do not change the picture of
         with plt.rc_context({"svg.hashsalt": "attnbench"}):
             for path in paths:
-                metadata = {"Date": None} if path.suffix == ".svg" else None
-                self.figure.savefig(path, dpi=DPI, bbox_inches="tight", metadata=metadata)
+                if path.suffix == ".png":
+                    path.write_bytes(palette_png(self.figure))
+                else:
+                    self.figure.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Date": None})
         plt.close(self.figure)
         return paths
+
+
+def palette_png(figure: plt.Figure) -> bytes:
+    """The figure as a PNG of at most :data:`PNG_COLOURS` colours on white (PNG colour type 3, indexed).
+
+    A plot is a few colours and their anti-aliased edges, so a median-cut palette without dithering (Pillow's
+    ``Image.quantize``) keeps every line and label; only some edge pixels move to a near colour. The file is about
+    a third of matplotlib's RGBA PNG. The size matters because figures are committed under ``results/reference`` and
+    embedded in the reports, and the tree travels with every GPU call, which has a size limit. The numbers are in
+    the tables beside every figure, and the SVG keeps the exact drawing.
+    """
+    from PIL import Image
+
+    drawn = io.BytesIO()
+    figure.savefig(drawn, format="png", dpi=DPI, bbox_inches="tight")
+    rgba = Image.open(drawn).convert("RGBA")
+    flat = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba).convert("RGB")
+    indexed = flat.quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    indexed.save(out, format="PNG", optimize=True)
+    return out.getvalue()
 
 
 @dataclass

@@ -112,6 +112,8 @@ def join_notebooks(sources: list[str | Path], results_dir: str | Path | None = N
                 continue
             joined.cells.append(nbformat.v4.new_markdown_cell(heading))
         joined.cells.extend(jupytext.read(source).cells)
+    for number, cell in enumerate(joined.cells):  # ids in order, not random: the same rows render the same page
+        cell.id = f"cell-{number}"
     joined.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     joined.metadata["language_info"] = {"name": "python"}
     return joined

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from attnbench.report import escape
-from attnbench.report.artifacts import (INDEX_FORMAT, Figure, StageOutputs, Table, frame_table, note_table,
-                                        read_index, to_latex, to_markdown, write_stage)
+from attnbench.report.artifacts import (DPI, INDEX_FORMAT, PNG_COLOURS, Figure, StageOutputs, Table, frame_table,
+                                        note_table, read_index, to_latex, to_markdown, write_stage)
 
 HOSTILE = "<script>alert(1)</script> | *x* _y_ # z"
 
@@ -43,6 +43,30 @@ def test_the_same_outputs_write_the_same_bytes(tmp_path):
     written = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
     assert {p.suffix for p in written} >= {".png", ".svg"}
     assert all((first / p).read_bytes() == (second / p).read_bytes() for p in written)
+
+
+def test_figures_are_indexed_pngs_that_keep_the_picture(tmp_path):
+    """At most 256 colours on white, the size matplotlib draws, and nearly every pixel as matplotlib draws it."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    fig, ax = plt.subplots()
+    for k in range(12):  # more lines than the colour cycle, each anti-aliased
+        ax.plot(np.sin(np.linspace(0, 6, 200) + k), label=f"line {k}")
+    ax.legend()
+    drawn = io.BytesIO()
+    fig.savefig(drawn, format="png", dpi=DPI, bbox_inches="tight")
+    exact = np.asarray(Image.open(drawn).convert("RGB"), dtype=int)
+    (png, _svg) = Figure("lines", "Lines.", fig).write(tmp_path)
+    indexed = Image.open(png)
+    assert indexed.mode == "P" and len(indexed.getcolors()) <= PNG_COLOURS
+    written = np.asarray(indexed.convert("RGB"), dtype=int)
+    assert written.shape == exact.shape
+    moved = np.abs(written - exact).max(axis=2) > 16
+    assert moved.mean() < 0.01
+    assert png.stat().st_size < len(drawn.getvalue()) / 2
 
 
 def test_two_tables_of_one_name_are_refused(tmp_path):

@@ -69,6 +69,7 @@ def test_sections_get_their_heading_and_a_stage_that_did_not_run_one_line(tmp_pa
     assert texts[0] == f"## {section('env').title}" and "ran env" in texts[1]
     assert texts[2].startswith(f"## {section('hbm').title}") and "Not run in this sweep" in texts[2]
     assert len(texts) == 3  # the hbm notebook's own cells are left out
+    assert [cell.id for cell in nb.cells] == ["cell-0", "cell-1", "cell-2"]  # not random: same rows, same page
 
 
 def test_the_printed_rerun_command_is_relative_to_where_it_runs(tmp_path, monkeypatch):
