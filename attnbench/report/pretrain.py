@@ -26,7 +26,7 @@ from attnbench.train import intervals, stability  # noqa: E402
 OUTPUTS = {"divergence": ("divergence", "divergence_pairs", "divergence_numerics", "divergence_kernels",
                           "divergence_spikes"),
            "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity", "lr_sensitivity_spikes"),
-           "fp8": ("fp8", "fp8_scales", "fp8_layers", "fp8_spikes"), "layouts": ("layouts", "layouts_spikes")}
+           "fp8": ("fp8", "fp8_seeds", "fp8_scales", "fp8_layers", "fp8_spikes"), "layouts": ("layouts", "layouts_spikes")}
 FIGURES = {"divergence": ("divergence",), "lr_sensitivity": ("lr_sensitivity",), "fp8": ("fp8", "fp8_layers"),
            "layouts": ("layouts",)}
 FIGURE_CAPTIONS = {
@@ -233,6 +233,12 @@ def fp8_outputs(runs, steps, layers) -> tuple[list[Table], list[plt.Figure]]:
                      "the same window (empty: it never does). " + _SPEED_NOTE +
                      f" {_runs_note(runs)} {_device(runs)}.",
                      _or_note(frame, ["variant", "seed"], "no run")),
+              _table("fp8_seeds", "Each FP8 variant's gap over the seeds that finished: gap = validation loss at the "
+                     "last eval step minus the same-seed baseline's, train_gap = the same over the last "
+                     f"{ex.FP8_TRAIN_WINDOW} steps of training loss (both as in fp8); band_high and train_band_high = "
+                     "the baseline seeds' spread, the noise a gap is read against; opened = how many seeds' "
+                     "validation gap left the band for good, at steps opens_first to opens_last. " + CI_NOTE,
+                     _or_note(ex.fp8_seeds_frame(frame), ["variant"], "no FP8 run finished")),
               _table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor, summed over "
                      "layers (fp8_<recipe>_<act|weight|grad>_<amax|scale_log2|overflow|underflow>), measured on "
                      "each run's own tensors (attnbench.train.precision); per layer in fp8_layers.",

@@ -874,6 +874,27 @@ def fp8_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fp8_seeds_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per FP8 variant, its gaps over the seeds that finished (rows of :func:`fp8_frame`, status ``ok``): the mean
+    validation- and training-loss gap with Student-t intervals (:mod:`attnbench.train.intervals`), the baseline
+    seeds' bands beside them, and the earliest and latest step at which a seed's gap opened (a seed whose gap never
+    opens counts as not opened: ``opened`` says how many did)."""
+    if frame.empty:
+        return pd.DataFrame()
+    base = frame["precision"].iloc[0]  # fp8_frame keeps the runs' order: the first precision is the baseline's
+    done = frame[(frame["status"] == "ok") & frame["gap"].notna() & (frame["precision"] != base)]
+    rows = []
+    for variant, sub in done.groupby("variant", sort=False):
+        opens = sub["gap_opens_at_step"].dropna()
+        rows.append({"variant": variant, "precision": sub["precision"].iloc[0], "mlp": sub["mlp"].iloc[0],
+                     "seeds": ",".join(str(s) for s in sorted(sub["seed"])),
+                     **interval_columns("gap", sub["gap"]), "band_high": sub["band_high"].max(),
+                     **interval_columns("train_gap", sub["train_gap"]), "train_band_high": sub["train_band_high"].max(),
+                     "opened": len(opens), "opens_first": opens.min() if len(opens) else math.nan,
+                     "opens_last": opens.max() if len(opens) else math.nan})
+    return pd.DataFrame(rows)
+
+
 def fp8_stats_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Mean over the logged steps of every ``fp8_<recipe>_<kind>_<stat>`` column, per run (summed over layers)."""
     rows = []

@@ -276,6 +276,29 @@ def test_fp8_training_loss_gap_over_windows_says_when_it_leaves_the_seeds_band()
     assert last["train_gap"] == tw.loc[6, "gap"] and last["train_band_high"] == tw.loc[6, "band_high"]
 
 
+def test_fp8_gaps_over_seeds_leave_out_the_baseline_and_runs_that_did_not_finish():
+    from attnbench.train.intervals import t_interval
+
+    def row(variant, precision, seed, gap, opens, status="ok"):
+        return {"variant": variant, "precision": precision, "mlp": "gelu", "seed": seed, "status": status,
+                "gap": gap, "band_high": 0.1, "train_gap": gap / 2, "train_band_high": 0.2, "gap_opens_at_step": opens}
+
+    frame = pd.DataFrame([row("bf16", "bf16", s, 0.0, math.nan) for s in (0, 1, 2)]
+                         + [row("tw", "fp8-tensorwise", 0, 0.3, 400), row("tw", "fp8-tensorwise", 1, 0.5, 200),
+                            row("tw", "fp8-tensorwise", 2, 0.4, math.nan), row("mx", "mxfp8", 0, 0.2, 600),
+                            row("mx", "mxfp8", 1, math.nan, math.nan, status="error")])
+    seeds = ex.fp8_seeds_frame(frame).set_index("variant")
+    assert list(seeds.index) == ["tw", "mx"]
+    tw, mx = seeds.loc["tw"], seeds.loc["mx"]
+    ci = t_interval([0.3, 0.5, 0.4])
+    assert tw["seeds"] == "0,1,2" and tw["gap_n"] == 3 and tw["gap_mean"] == pytest.approx(0.4)
+    assert (tw["gap_ci_low"], tw["gap_ci_high"]) == pytest.approx((ci.low, ci.high))
+    assert tw["train_gap_mean"] == pytest.approx(0.2) and tw["band_high"] == 0.1 and tw["train_band_high"] == 0.2
+    assert (tw["opened"], tw["opens_first"], tw["opens_last"]) == (2, 200, 400)  # seed 2's gap never opened
+    assert mx["seeds"] == "0" and mx["gap_n"] == 1 and math.isnan(mx["gap_ci_low"]) and mx["opened"] == 1
+    assert ex.fp8_seeds_frame(frame.iloc[:0]).empty
+
+
 def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
     pytest.importorskip("torchao")
     config = _tiny_config(fp8={"precisions": ["bf16", "fp8-tensorwise"], "seeds": [0], "swiglu_precisions": [],
@@ -285,7 +308,8 @@ def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
     layers = frames["fp8_layers"]
     assert set(layers["run"]) == {"fp8/bf16/s0", "fp8/fp8-tensorwise/s0"} and set(layers["recipe"]) == {"tensorwise"}
     names = _rendered("fp8", tmp_path / "exp", tmp_path / "report")
-    assert {"fp8.md", "fp8_scales.md", "fp8_layers.md", "fp8_spikes.md", "fp8.png", "fp8_layers.png"} <= names
+    assert {"fp8.md", "fp8_seeds.md", "fp8_scales.md", "fp8_layers.md", "fp8_spikes.md", "fp8.png",
+            "fp8_layers.png"} <= names
     assert "blocks.0.mlp.proj" in (tmp_path / "report" / "tables" / "fp8_layers.md").read_text()
     floor = frames["runs"]["loss_floor"].iloc[0]  # the synthetic chain's: the caption says how close a run came
     assert 0 < floor and f"loss floor {floor:.4f}" in (tmp_path / "report" / "tables" / "fp8.md").read_text()
