@@ -26,7 +26,8 @@ from attnbench.train import intervals, stability  # noqa: E402
 OUTPUTS = {"divergence": ("divergence", "divergence_pairs", "divergence_numerics", "divergence_kernels",
                           "divergence_spikes"),
            "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity", "lr_sensitivity_spikes"),
-           "fp8": ("fp8", "fp8_seeds", "fp8_scales", "fp8_layers", "fp8_spikes"), "layouts": ("layouts", "layouts_spikes")}
+           "fp8": ("fp8", "fp8_seeds", "fp8_scales", "fp8_layers", "fp8_spikes"),
+           "layouts": ("layouts", "layouts_spikes")}
 FIGURES = {"divergence": ("divergence",), "lr_sensitivity": ("lr_sensitivity",), "fp8": ("fp8", "fp8_layers"),
            "layouts": ("layouts",)}
 FIGURE_CAPTIONS = {
