@@ -736,6 +736,12 @@ def lr_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 FP8_TRAIN_WINDOW = 100  # logged steps per window whose mean training losses fp8_train_gap_curve compares
 
 
+def _baseline_precision(rows: pd.DataFrame) -> str:
+    """The FP8 experiment's baseline precision: the first of ``precisions``, so the first row of its runs (and of
+    :func:`fp8_frame`, which keeps their order)."""
+    return rows["precision"].iloc[0]
+
+
 def _fp8_pairs(runs: pd.DataFrame) -> tuple[dict[str, str], list[str]]:
     """(each trained run's baseline run, the baseline seeds' runs).
 
@@ -748,7 +754,7 @@ def _fp8_pairs(runs: pd.DataFrame) -> tuple[dict[str, str], list[str]]:
     trained = runs[runs["status"].isin(TRAINED)]
     if trained.empty:
         return {}, []
-    base_precision, base_mlp = runs["precision"].iloc[0], runs["mlp_variant"].iloc[0]
+    base_precision, base_mlp = _baseline_precision(runs), runs["mlp_variant"].iloc[0]
     at_base = trained[trained["precision"] == base_precision]
     family = at_base["mlp_variant"].str.removeprefix("smooth-")
     pairs = {}
@@ -881,8 +887,7 @@ def fp8_seeds_frame(frame: pd.DataFrame) -> pd.DataFrame:
     opens counts as not opened: ``opened`` says how many did)."""
     if frame.empty:
         return pd.DataFrame()
-    base = frame["precision"].iloc[0]  # fp8_frame keeps the runs' order: the first precision is the baseline's
-    done = frame[(frame["status"] == "ok") & frame["gap"].notna() & (frame["precision"] != base)]
+    done = frame[(frame["status"] == "ok") & frame["gap"].notna() & (frame["precision"] != _baseline_precision(frame))]
     rows = []
     for variant, sub in done.groupby("variant", sort=False):
         opens = sub["gap_opens_at_step"].dropna()
