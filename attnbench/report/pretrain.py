@@ -26,7 +26,7 @@ from attnbench.train import intervals, stability  # noqa: E402
 OUTPUTS = {"divergence": ("divergence", "divergence_pairs", "divergence_numerics", "divergence_kernels",
                           "divergence_spikes"),
            "lr_sensitivity": ("lr_sensitivity_grid", "lr_sensitivity", "lr_sensitivity_spikes"),
-           "fp8": ("fp8", "fp8_seeds", "fp8_scales", "fp8_layers", "fp8_spikes"),
+           "fp8": ("fp8", "fp8_seeds", "fp8_contrasts", "fp8_scales", "fp8_layers", "fp8_spikes"),
            "layouts": ("layouts", "layouts_spikes")}
 FIGURES = {"divergence": ("divergence",), "lr_sensitivity": ("lr_sensitivity",), "fp8": ("fp8", "fp8_layers"),
            "layouts": ("layouts",)}
@@ -240,6 +240,13 @@ def fp8_outputs(runs, steps, layers) -> tuple[list[Table], list[plt.Figure]]:
                      "the baseline seeds' spread, the noise a gap is read against; opened = how many seeds' "
                      "validation gap left the band for good, at steps opens_first to opens_last. " + CI_NOTE,
                      _or_note(ex.fp8_seeds_frame(frame), ["variant"], "no FP8 run finished")),
+              _table("fp8_contrasts", "Every two FP8 variants of one MLP family (Smooth-SwiGLU with SwiGLU), paired "
+                     "by seed (the same initial weights and batches): diff = variant's validation loss at the last "
+                     "eval step minus against's, train_diff = the same for the training loss over the last "
+                     f"{ex.FP8_TRAIN_WINDOW} steps; an interval that holds zero says these seeds do not tell the two "
+                     "recipes apart. " + CI_NOTE,
+                     _or_note(ex.fp8_contrasts_frame(frame), ["variant", "against"],
+                              "no two FP8 variants of one MLP finished at a common seed")),
               _table("fp8_scales", "Mean over logged steps of FP8 scale statistics per recipe and tensor, summed over "
                      "layers (fp8_<recipe>_<act|weight|grad>_<amax|scale_log2|overflow|underflow>), measured on "
                      "each run's own tensors (attnbench.train.precision); per layer in fp8_layers.",

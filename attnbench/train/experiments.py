@@ -900,6 +900,34 @@ def fp8_seeds_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fp8_contrasts_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every two FP8 variants of one MLP family (SwiGLU and Smooth-SwiGLU are one: the same function outside the
+    casts), paired by seed over the seeds both finished (rows of :func:`fp8_frame`, status ``ok``): ``variant``'s
+    validation loss at the last eval step minus ``against``'s, and its training loss over the last window minus
+    ``against``'s, each as a mean with a Student-t interval (:mod:`attnbench.train.intervals`). A seed fixes the
+    initial weights and the batches, so each difference is the recipes' alone, and the interval is the paired
+    one: unlike the two variants' own gap intervals side by side, it leaves out the spread the seeds share."""
+    if frame.empty:
+        return pd.DataFrame()
+    done = frame[(frame["status"] == "ok") & (frame["precision"] != _baseline_precision(frame))]
+    rows = []
+    for family, sub in done.groupby(done["mlp"].str.removeprefix("smooth-"), sort=False):
+        loss = sub.pivot_table(index="seed", columns="variant", values=["final_val_loss", "train_loss"])
+        order = list(dict.fromkeys(sub["variant"]))  # the experiment's order: each variant against those before it
+        for i, against in enumerate(order):
+            for variant in order[i + 1:]:
+                both = loss[[("final_val_loss", variant), ("final_val_loss", against)]].dropna().index
+                if not len(both):
+                    continue
+                val = loss.loc[both, "final_val_loss"]
+                train = loss.loc[both, "train_loss"]
+                rows.append({"variant": variant, "against": against, "mlp": family,
+                             "seeds": ",".join(str(s) for s in both),
+                             **interval_columns("diff", val[variant] - val[against]),
+                             **interval_columns("train_diff", train[variant] - train[against])})
+    return pd.DataFrame(rows)
+
+
 def fp8_stats_frame(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Mean over the logged steps of every ``fp8_<recipe>_<kind>_<stat>`` column, per run (summed over layers)."""
     rows = []

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[2]
-FP8_TABLES = ["fp8.csv", "fp8_layers.csv", "fp8_scales.csv", "fp8_seeds.csv", "fp8_spikes.csv"]
+FP8_TABLES = ["fp8.csv", "fp8_contrasts.csv", "fp8_layers.csv", "fp8_scales.csv", "fp8_seeds.csv", "fp8_spikes.csv"]
 
 
 def rebuild(sweep: Path, folder: Path) -> Path:

@@ -111,7 +111,7 @@ def test_the_report_renders_the_long_runs_pretraining_section(rebuilt, tmp_path)
     page = render(section_sources(REPO / "workflow" / "notebooks"), rebuilt, tmp_path / "report.html",
                   planned=("pretrain",)).read_text()
     assert "Traceback" not in page
-    for name in ("fp8", "fp8_seeds", "fp8_scales", "fp8_layers", "fp8_spikes"):
+    for name in ("fp8", "fp8_seeds", "fp8_contrasts", "fp8_scales", "fp8_layers", "fp8_spikes"):
         assert f"Table ({name})" in page
     assert "Figure (fp8)" in page and "Figure (fp8_layers)" in page and "Table (divergence)" not in page
     assert "Runs: 9 ok. NVIDIA H100 80GB HBM3" in page

@@ -72,7 +72,7 @@ def test_the_sweeps_own_tables_are_what_its_rows_give(tmp_path):
     names = _pretrain(ROWS, tmp_path)
     stages.write("pretrain", tmp_path, tuple(names))
     committed = sorted((sweep / "pretrain" / "tables").glob("*.csv"))
-    assert len(committed) == 15
+    assert len(committed) == 16
     for path in committed:
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "pretrain" / "tables" / path.name), pd.read_csv(path),
                                       obj=str(path.relative_to(ROOT)))

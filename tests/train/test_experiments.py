@@ -299,6 +299,31 @@ def test_fp8_gaps_over_seeds_leave_out_the_baseline_and_runs_that_did_not_finish
     assert ex.fp8_seeds_frame(frame.iloc[:0]).empty
 
 
+def test_fp8_contrasts_pair_variants_of_one_mlp_by_seed():
+    from attnbench.train.intervals import t_interval
+
+    def row(variant, precision, mlp, seed, loss, status="ok"):
+        return {"variant": variant, "precision": precision, "mlp": mlp, "seed": seed, "status": status,
+                "final_val_loss": loss, "train_loss": loss + 0.5}
+
+    frame = pd.DataFrame([row("bf16", "bf16", "gelu", s, 1.0) for s in (0, 1, 2)]
+                         + [row("tw", "fp8-tensorwise", "gelu", s, x) for s, x in ((0, 1.3), (1, 1.5), (2, 1.4))]
+                         + [row("mx", "mxfp8", "gelu", s, x) for s, x in ((0, 1.1), (1, 1.4))]
+                         + [row("mx", "mxfp8", "gelu", 2, math.nan, status="error")]
+                         + [row("sw", "fp8-tensorwise", "swiglu", s, 2.0 + s) for s in (0, 1)]
+                         + [row("smooth", "fp8-tensorwise", "smooth-swiglu", s, 1.9 + s) for s in (0, 1)])
+    contrasts = ex.fp8_contrasts_frame(frame).set_index(["variant", "against"])
+    assert list(contrasts.index) == [("mx", "tw"), ("smooth", "sw")]  # no baseline, no pair across MLPs
+    mx = contrasts.loc[("mx", "tw")]
+    ci = t_interval([1.1 - 1.3, 1.4 - 1.5])  # seed 2's MXFP8 run did not finish: its pair is left out
+    assert mx["seeds"] == "0,1" and mx["diff_n"] == 2 and mx["mlp"] == "gelu"
+    assert (mx["diff_mean"], mx["diff_ci_low"], mx["diff_ci_high"]) == pytest.approx((ci.mean, ci.low, ci.high))
+    assert mx["train_diff_mean"] == pytest.approx(ci.mean)
+    smooth = contrasts.loc[("smooth", "sw")]
+    assert smooth["mlp"] == "swiglu" and smooth["diff_mean"] == pytest.approx(-0.1) and smooth["diff_n"] == 2
+    assert ex.fp8_contrasts_frame(frame.iloc[:0]).empty
+
+
 def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
     pytest.importorskip("torchao")
     config = _tiny_config(fp8={"precisions": ["bf16", "fp8-tensorwise"], "seeds": [0], "swiglu_precisions": [],
@@ -308,7 +333,7 @@ def test_fp8_experiment_logs_per_layer_statistics_and_renders(tmp_path):
     layers = frames["fp8_layers"]
     assert set(layers["run"]) == {"fp8/bf16/s0", "fp8/fp8-tensorwise/s0"} and set(layers["recipe"]) == {"tensorwise"}
     names = _rendered("fp8", tmp_path / "exp", tmp_path / "report")
-    assert {"fp8.md", "fp8_seeds.md", "fp8_scales.md", "fp8_layers.md", "fp8_spikes.md", "fp8.png",
+    assert {"fp8.md", "fp8_seeds.md", "fp8_contrasts.md", "fp8_scales.md", "fp8_layers.md", "fp8_spikes.md", "fp8.png",
             "fp8_layers.png"} <= names
     assert "blocks.0.mlp.proj" in (tmp_path / "report" / "tables" / "fp8_layers.md").read_text()
     floor = frames["runs"]["loss_floor"].iloc[0]  # the synthetic chain's: the caption says how close a run came
