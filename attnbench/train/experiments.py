@@ -742,6 +742,17 @@ def _baseline_precision(rows: pd.DataFrame) -> str:
     return rows["precision"].iloc[0]
 
 
+def _mlp_family(mlp_variant: pd.Series) -> pd.Series:
+    """The MLP each variant computes outside the FP8 casts: Smooth-SwiGLU (Fishman et al. 2024) is SwiGLU with
+    per-channel scales that cancel, so ``smooth-swiglu`` is of the ``swiglu`` family."""
+    return mlp_variant.str.removeprefix("smooth-")
+
+
+def _finished_fp8(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :func:`fp8_frame` that finished (status ``ok``) at an FP8 precision, the baseline's left out."""
+    return frame[(frame["status"] == "ok") & (frame["precision"] != _baseline_precision(frame))]
+
+
 def _fp8_pairs(runs: pd.DataFrame) -> tuple[dict[str, str], list[str]]:
     """(each trained run's baseline run, the baseline seeds' runs).
 
@@ -756,12 +767,12 @@ def _fp8_pairs(runs: pd.DataFrame) -> tuple[dict[str, str], list[str]]:
         return {}, []
     base_precision, base_mlp = _baseline_precision(runs), runs["mlp_variant"].iloc[0]
     at_base = trained[trained["precision"] == base_precision]
-    family = at_base["mlp_variant"].str.removeprefix("smooth-")
+    family, trained_family = _mlp_family(at_base["mlp_variant"]), _mlp_family(trained["mlp_variant"])
     pairs = {}
-    for _, r in trained.iterrows():
+    for i, r in trained.iterrows():
         same_seed = at_base["seed"] == r["seed"]
         candidates = [at_base[same_seed & (at_base["mlp_variant"] == r["mlp_variant"])],
-                      at_base[same_seed & (family == r["mlp_variant"].removeprefix("smooth-"))],
+                      at_base[same_seed & (family == trained_family.loc[i])],
                       at_base[same_seed & (at_base["mlp_variant"] == base_mlp)]]
         ref_run = next((c["run"].iloc[0] for c in candidates if len(c)), None)
         if ref_run is not None:
@@ -887,7 +898,8 @@ def fp8_seeds_frame(frame: pd.DataFrame) -> pd.DataFrame:
     opens counts as not opened: ``opened`` says how many did)."""
     if frame.empty:
         return pd.DataFrame()
-    done = frame[(frame["status"] == "ok") & frame["gap"].notna() & (frame["precision"] != _baseline_precision(frame))]
+    done = _finished_fp8(frame)
+    done = done[done["gap"].notna()]
     rows = []
     for variant, sub in done.groupby("variant", sort=False):
         opens = sub["gap_opens_at_step"].dropna()
@@ -909,9 +921,9 @@ def fp8_contrasts_frame(frame: pd.DataFrame) -> pd.DataFrame:
     one: unlike the two variants' own gap intervals side by side, it leaves out the spread the seeds share."""
     if frame.empty:
         return pd.DataFrame()
-    done = frame[(frame["status"] == "ok") & (frame["precision"] != _baseline_precision(frame))]
+    done = _finished_fp8(frame)
     rows = []
-    for family, sub in done.groupby(done["mlp"].str.removeprefix("smooth-"), sort=False):
+    for family, sub in done.groupby(_mlp_family(done["mlp"]), sort=False):
         loss = sub.pivot_table(index="seed", columns="variant", values=["final_val_loss", "train_loss"])
         order = list(dict.fromkeys(sub["variant"]))  # the experiment's order: each variant against those before it
         for i, against in enumerate(order):

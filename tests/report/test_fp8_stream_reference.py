@@ -1,5 +1,6 @@
 """The committed FP8 rows on data that never repeats (results/reference/h100/fp8-stream:
-config/sweeps/h200-fp8-stream.yaml, all 21 runs, which leases on H100s trained over five sessions) at the numbers docs/training.md ("FP8 on data that never repeats") quotes from them."""
+config/sweeps/h200-fp8-stream.yaml, all 21 runs, which leases on H100s trained over five sessions) at the
+numbers docs/training.md ("FP8 on data that never repeats") quotes from them."""
 
 import pandas as pd
 import pytest
@@ -76,8 +77,8 @@ def test_every_fp8_recipe_ends_above_the_seeds_band_at_every_seed(frames):
     """Validation-loss gap at step 10,000 against the bf16 run at the same seed (SwiGLU's against SwiGLU in
     bf16), and the band of three bf16 seeds (+-0.000088), at seeds 0, 1 and 2: tensorwise +0.0018, +0.0016 and
     +0.0016, rowwise +0.0017, +0.0017 and +0.0013, MXFP8 +0.0008, +0.0009 and +0.0008, SwiGLU in FP8 +0.0033,
-    +0.0027 and +0.0026, with Smooth-SwiGLU +0.0024, +0.0025 and +0.0022; training loss over the last 100 steps likewise, against a band
-    of +-0.00058 (each seed draws its own batches)."""
+    +0.0027 and +0.0026, with Smooth-SwiGLU +0.0024, +0.0025 and +0.0022; training loss over the last 100 steps
+    likewise, against a band of +-0.00058 (each seed draws its own batches)."""
     _, _, table, _ = frames
     done = table[table["status"] == "ok"]
     assert done["band_high"].eq(done["band_high"].iloc[0]).all()
