@@ -3,7 +3,8 @@
 :func:`check_environment` is called at Snakemake parse time (``workflow/rules/common.smk``) and by every
 ``attnbench`` command (``attnbench.cli.main``), so a malformed value is one line naming the variable and
 the allowed values, not a traceback in the middle of a sweep. It returns the parsed values; the modules
-that use a variable read it through here (``attnbench.workflow.guard.deadline``).
+that use a variable read it through here (:func:`deadline`: the guard, the training experiments and the
+context-parallel launcher honour the same sweep deadline).
 
 Variables read by the libraries themselves (``WANDB_API_KEY``: wandb reads it, attnbench never does;
 ``TRITON_INTERPRET``: Triton's own switch) are not checked here.
@@ -106,3 +107,11 @@ def check_environment(env: Mapping[str, str] | None = None) -> dict:
         else:
             out[name] = check(value)
     return out
+
+
+DEADLINE_ENV = "ATTNBENCH_DEADLINE"
+
+
+def deadline() -> float | None:
+    """``$ATTNBENCH_DEADLINE`` as Unix time, or None where unset (only this variable is checked)."""
+    return check_environment({DEADLINE_ENV: os.environ.get(DEADLINE_ENV, "")})[DEADLINE_ENV]

@@ -59,15 +59,17 @@ def read_json(path: str | Path, what: str = "JSON file"):
         raise InputError(f"{path}: not a {what} ({_short(err)})") from None
 
 
-REFERENCE_ROOT = Path("results/reference")  # the committed reference rows, results/reference/<gpu>/<folder>/...
+RESULTS_ROOT = Path("results")  # everything the pipeline writes, results/<sweep>/...
+REFERENCE_ROOT = RESULTS_ROOT / "reference"  # the committed reference rows, results/reference/<gpu>/<folder>/...
 
 
-def reference_folder(value: str | Path, option: str, form: str, min_parts: int,
-                     error: type[ValueError] = InputError) -> Path:
-    """``value`` as a path if it is a relative folder under :data:`REFERENCE_ROOT`, without ``..``, of at least
-    ``min_parts`` parts; else ``error``, one line naming ``option`` and the allowed ``form``."""
+def folder_under(root: Path, value: str | Path, option: str, form: str, min_parts: int,
+                 error: type[ValueError] = InputError) -> Path:
+    """``value`` as a path if it is a relative folder under ``root`` (:data:`RESULTS_ROOT`, :data:`REFERENCE_ROOT`),
+    without ``..``, of at least ``min_parts`` parts; else ``error``, one line naming ``option`` and the allowed
+    ``form``."""
     path = Path(value)
-    if path.is_absolute() or ".." in path.parts or path.parts[:2] != REFERENCE_ROOT.parts \
+    if path.is_absolute() or ".." in path.parts or path.parts[:len(root.parts)] != root.parts \
             or len(path.parts) < min_parts:
         raise error(f"{option}={str(value)!r} is not allowed; allowed: a folder {form}")
     return path

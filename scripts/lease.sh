@@ -107,13 +107,7 @@ for spec in "$@"; do
   if [ -f ".gpu-wheels/$sweep.tar.gz" ] && [ ! -d "results/$sweep" ]; then
     tar -xzf ".gpu-wheels/$sweep.tar.gz" "results/$sweep" && echo "=== $sweep: resumed from .gpu-wheels/$sweep.tar.gz"
   fi
-  if [ -n "${RESTORE_ROWS:-}" ] && [ "$spec" != "$sweep" ] && [ ! -d "results/$sweep" ]; then
-    IFS=, read -ra named <<< "${spec#*:}"
-    for group in "${named[@]}"; do  # a microbench or context group has no rows to restore: said, and skipped
-      attnbench experiment restore --config "$config" --rows "$RESTORE_ROWS/pretrain/$group" \
-        || echo "=== $sweep: nothing restored for $group" >&2
-    done
-  fi
+  cold=1; [ -d "results/$sweep" ] && cold=0
   targets=(); first=(); force=(); extra=()
   [ -n "${SNAKEMAKE_CONFIG:-}" ] && extra=(--config "$SNAKEMAKE_CONFIG")
   if [ "$spec" != "$sweep" ]; then  # the planner checks the group names and names the paths (attnbench plan --targets)
@@ -121,6 +115,14 @@ for spec in "$@"; do
     mapfile -t targets <<< "$listed"
     first=(--prioritize "${targets[0]}")  # the first named group runs first; Snakemake orders the rest
     [[ $listed == *"/pretrain/"* ]] && force=(--forcerun pretrain_experiment)  # continue truncated experiments
+  fi
+  if [ -n "${RESTORE_ROWS:-}" ] && [ "$cold" = 1 ]; then  # the named experiments' finished runs, from committed rows
+    for runs in "${targets[@]}"; do
+      [[ $runs == */pretrain/*/runs.parquet ]] || continue  # a microbench or context group has no runs to restore
+      folder=${runs%/runs.parquet}
+      attnbench experiment restore --config "$config" --rows "$RESTORE_ROWS/pretrain/${folder##*/}" --out "$folder" \
+        || echo "=== $sweep: nothing restored for ${folder##*/}" >&2
+    done
   fi
   left=$(( started + BUDGET_S - SNAKEMAKE_MARGIN_S - $(date +%s) ))
   if [ "$left" -lt $(( JOBS_MARGIN_S + PARSE_S )) ]; then  # every job would only write its not-run rows

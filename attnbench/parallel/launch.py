@@ -30,6 +30,7 @@ import pandas as pd
 from attnbench.bench.provenance import timestamp
 from attnbench.bench.results import write_atomic
 from attnbench.case import Case
+from attnbench.envvars import DEADLINE_ENV, deadline
 from attnbench.parallel.columns import frame
 from attnbench.parallel.documents import Documents
 from attnbench.parallel.sharding import Sharding
@@ -105,8 +106,6 @@ def launch(job: dict, job_path: str, out: str) -> pd.DataFrame:
         df = frame(missing_rows(job, set(), "unavailable", f"needs {world} GPUs; this host shows {visible_gpus()}"))
         write_atomic(df, out)
         return df
-    from attnbench.workflow.guard import DEADLINE_ENV, deadline
-
     limit, timeout_s = deadline(), job["settings"]["timeout_s"]
     if limit is not None:
         if time.time() >= limit:

@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 import pandas as pd
 
 from attnbench.bench.results import ResultsError, to_frame, write_atomic
-from attnbench.files import reference_folder
+from attnbench.files import REFERENCE_ROOT, folder_under
 from attnbench.report.aggregate import load_results
 from attnbench.workflow import paths
 from attnbench.workflow.resume import marker_path
@@ -120,7 +120,7 @@ def merge(pack: str | Path, into: str | Path, groups: list[str] | None = None,
 
     Returns the number of rows merged per group. Everything is checked before the folder is touched.
     """
-    folder = reference_folder(into, "--into", "results/reference/<gpu>/<folder>", 4, ResultsError)
+    folder = folder_under(REFERENCE_ROOT, into, "--into", "results/reference/<gpu>/<folder>", 4, ResultsError)
     if gpu is not None and not Path(gpu).is_file():
         raise ResultsError(f"--gpu={str(gpu)!r}: file does not exist")
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,8 +7,9 @@
   attnbench experiment list   --config FILE
   attnbench experiment run    --job FILE --out DIR [--ceilings FILE] [--threads N]
   attnbench experiment restore --config FILE --rows results/reference/<gpu>/<folder>/pretrain/<experiment>
-      the finished runs of committed rows back into results/<sweep>/pretrain/<experiment>/runs/, so that
-      the experiment trains only the runs still missing (:mod:`attnbench.train.restore`)
+                               --out results/<sweep>/pretrain/<experiment>
+      the finished runs of committed rows back into the experiment's folder (its runs/), so that the
+      experiment trains only the runs still missing (:mod:`attnbench.train.restore`)
 
 Its tables and figures: ``attnbench tables pretrain`` (:mod:`attnbench.report.stages`).
 """
@@ -95,11 +96,11 @@ def _cmd_experiment(args) -> int:
 
     job = read_job(args.job, ("pretrain",))
     _threads(job["device"], args.threads or job["threads"])
-    from attnbench.envvars import check_environment
+    from attnbench.envvars import deadline
 
     frames = ex.run_experiment(job, args.out, progress=not args.no_progress,
                                peak_cache=_peak_cache(args, job["device"]),
-                               stop_at=check_environment()["ATTNBENCH_DEADLINE"])  # a lease's deadline
+                               stop_at=deadline())  # a lease's deadline
     runs = frames["runs"]
     cols = [c for c in ("run", "status", "final_val_loss", "spike_score_olmo_core_any", "tokens_per_s",
                         "tokens_per_s_iqr", "mfu", "gpu_sharing") if c in runs]
@@ -111,17 +112,16 @@ def _cmd_restore(args) -> int:
     from attnbench.plan import load_plan
     from attnbench.train import experiments as ex
     from attnbench.train.loop import RunSpec
-    from attnbench.train.restore import reference_rows, restore_finished_runs
-    from attnbench.workflow import paths
+    from attnbench.train.restore import experiment_folder, reference_rows, restore_finished_runs
 
     rows = reference_rows(args.rows)
     experiment = rows.name
     if experiment not in ex.EXPERIMENTS:
         raise ConfigError(f"--rows={args.rows!r} ends in {experiment!r}; allowed: a folder named after an experiment, "
                           f"one of {', '.join(ex.EXPERIMENTS)}")
+    out = experiment_folder(args.out, experiment)
     plan = load_plan(args.config, args.device)
     specs = [RunSpec.from_dict(d) for d in plan.job("pretrain", experiment).payload["runs"]]  # as the job trains them
-    out = paths.PRETRAIN_DIR.format(sweep=plan.sweep, experiment=experiment)
     restored = restore_finished_runs(experiment, specs, rows, out)
     print(f"attnbench experiment restore: {len(restored)} finished runs from {rows} into {out}/runs"
           + (f": {', '.join(restored)}" if restored else ""))
@@ -144,7 +144,7 @@ def add_commands(sub) -> None:
     p.add_argument("--rows", help="restore: an experiment's committed rows, "
                                   "results/reference/<gpu>/<folder>/pretrain/<experiment>")
     p.add_argument("--job", help="run: the experiment's plan file, results/<sweep>/plan/pretrain/<experiment>.json")
-    p.add_argument("--out", help="run: the experiment directory")
+    p.add_argument("--out", help="run, restore: the experiment directory, results/<sweep>/pretrain/<experiment>")
     _common(p)
     p.set_defaults(func=_check_experiment_args)
 
@@ -158,7 +158,7 @@ def _common(p) -> None:
 
 
 def _check_experiment_args(args) -> int:
-    need = {"list": ["config"], "run": ["job", "out"], "restore": ["config", "rows"]}[args.action]
+    need = {"list": ["config"], "run": ["job", "out"], "restore": ["config", "rows", "out"]}[args.action]
     missing = [n for n in need if not getattr(args, n)]
     if missing:
         raise ConfigError(f"attnbench experiment {args.action} needs --{missing[0]}")

@@ -27,7 +27,7 @@ import pandas as pd
 
 from attnbench.bench.results import write_atomic
 from attnbench.errors import ConfigError
-from attnbench.files import read_parquet, reference_folder
+from attnbench.files import REFERENCE_ROOT, RESULTS_ROOT, folder_under, read_parquet
 from attnbench.train.experiments import EXPERIMENTS, run_dir
 from attnbench.train.loop import RunSpec, write_json
 
@@ -37,8 +37,19 @@ FINISHED = ("ok", "diverged")
 def reference_rows(rows: str | Path) -> Path:
     """``rows`` if it is an experiment's folder of committed rows, ``results/reference/<gpu>/<folder>/.../<experiment>``
     (relative, no ``..``); else one line naming the allowed form."""
-    return reference_folder(rows, "--rows", "results/reference/<gpu>/<folder>/pretrain/<experiment> holding "
-                            "runs.parquet", 5, ConfigError)
+    return folder_under(REFERENCE_ROOT, rows, "--rows",
+                        "results/reference/<gpu>/<folder>/pretrain/<experiment> holding runs.parquet", 5, ConfigError)
+
+
+def experiment_folder(out: str | Path, experiment: str) -> Path:
+    """``out`` if it is a sweep's folder of ``experiment``, ``results/<sweep>/pretrain/<experiment>`` (relative, no
+    ``..``, not under the committed reference rows): where the experiment's job trains (the pipeline's path,
+    ``attnbench.workflow.paths.PRETRAIN_DIR``, passed in by its caller); else one line naming the allowed form."""
+    form = f"results/<sweep>/pretrain/{experiment} (a sweep's folder, not results/reference/)"
+    folder = folder_under(RESULTS_ROOT, out, "--out", form, 4, ConfigError)
+    if len(folder.parts) != 4 or folder.parts[1] == REFERENCE_ROOT.name or folder.parts[2:] != ("pretrain", experiment):
+        raise ConfigError(f"--out={str(out)!r} is not allowed; allowed: a folder {form}")
+    return folder
 
 
 def _plain(value):

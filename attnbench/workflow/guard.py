@@ -25,16 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from attnbench.envvars import DEADLINE_ENV, deadline
 from attnbench.workflow import process, resume
-
-DEADLINE_ENV = "ATTNBENCH_DEADLINE"
-
-
-def deadline() -> float | None:
-    """``$ATTNBENCH_DEADLINE`` as Unix time (checked at parse time too: :mod:`attnbench.envvars`)."""
-    from attnbench.envvars import check_environment
-
-    return check_environment({DEADLINE_ENV: os.environ.get(DEADLINE_ENV, "")})[DEADLINE_ENV]
 
 
 def status_rows(job: dict, backends: list[str], status: str, reason: str, done: set | None = None):

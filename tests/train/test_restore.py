@@ -70,15 +70,27 @@ def test_cli_restores_into_the_sweeps_experiment_folder(committed, tmp_path, cap
     config.write_text(json.dumps({**_tiny_config(fp8={"precisions": ["bf16"], "seeds": [0, 1, 2],
                                                       "swiglu_precisions": [], "stats": ["tensorwise"]}),
                                   "sweep": "tiny"}))
-    assert main(["experiment", "restore", "--config", str(config), "--rows", ROWS]) == 0
+
+    def restore(rows=ROWS, out="results/tiny/pretrain/fp8"):
+        return main(["experiment", "restore", "--config", str(config), "--rows", rows, "--out", out])
+
+    assert restore() == 0
     assert "2 finished runs" in capsys.readouterr().out
     summary = json.loads((tmp_path / "results/tiny/pretrain/fp8/runs/bf16__s0/summary.json").read_text())
     assert summary["status"] == "ok" and summary["run"] == "fp8/bf16/s0"
     shutil.copytree(tmp_path / ROWS, tmp_path / "results/reference/cpu/tiny/pretrain/other")
-    assert main(["experiment", "restore", "--config", str(config), "--rows", ROWS.replace("fp8", "other")]) == 2
+    assert restore(rows=ROWS.replace("fp8", "other")) == 2
     assert "ends in 'other'; allowed: a folder named after an experiment" in capsys.readouterr().err
-    assert main(["experiment", "restore", "--config", str(config), "--rows", "/tmp/x/pretrain/fp8"]) == 2
+    assert restore(rows="/tmp/x/pretrain/fp8") == 2
     assert "--rows='/tmp/x/pretrain/fp8' is not allowed" in capsys.readouterr().err
+    # the experiment's folder: a sweep's, named after the rows' experiment, never outside results/ or in the reference
+    for out in ("/tmp/tiny/pretrain/fp8", "results/../tiny/pretrain/fp8", "results/tiny/pretrain/other",
+                "results/tiny/fp8", "results/reference/pretrain/fp8", "results/tiny/pretrain/fp8/runs"):
+        assert restore(out=out) == 2
+        assert f"--out={out!r} is not allowed; allowed: a folder results/<sweep>/pretrain/fp8" in capsys.readouterr().err
+    assert main(["experiment", "restore", "--config", str(config), "--rows", ROWS]) == 2
+    assert "attnbench experiment restore needs --out" in capsys.readouterr().err
+    assert not (tmp_path / "results/tiny/pretrain/other").exists()
 
 
 def test_a_table_of_runs_from_two_devices_counts_the_runs_of_each(committed):

@@ -46,28 +46,32 @@ def test_a_lease_on_the_expected_gpu_model_goes_on(tmp_path):
 
 
 def test_a_cold_lease_restores_the_named_experiments_from_committed_rows(tmp_path):
-    """With RESTORE_ROWS, the named pretraining experiments get their finished runs back before Snakemake starts,
-    on a cold machine only (a warm one's results/<sweep>/ is newer than any committed row)."""
+    """With RESTORE_ROWS, each named pretraining experiment gets its finished runs back before Snakemake starts, into
+    the folder the planner names for it, on a cold machine only (a warm one's results/<sweep>/ is newer than any
+    committed row); a microbench group has none to restore."""
     calls = tmp_path / "calls.txt"
+    targets = ("results/long/pretrain/fp8/runs.parquet", "results/long/microbench/g.parquet",
+               "results/long/pretrain/lr/runs.parquet")
     tools = {"nvidia-smi": "echo 'NVIDIA H200'", "snakemake": f"echo snakemake \"$@\" >> {calls}",
              "attnbench": f"echo attnbench \"$@\" >> {calls}\n"
-                          "[ \"$1\" = plan ] && echo results/long/pretrain/fp8/runs.parquet; exit 0"}
+                          f"[ \"$1\" = plan ] && printf '%s\\n' {' '.join(targets)}; exit 0"}
     env = {**_bare_repo(tmp_path, tools, sweeps=("long",)), "RESTORE_ROWS": "results/reference/h200/long",
            "BUDGET_S": "600"}
     for warm in (False, True):
         calls.write_text("")
         if warm:
             (tmp_path / "results" / "long").mkdir(parents=True)
-        done = subprocess.run(["bash", "scripts/lease.sh", "long:fp8"], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(["bash", "scripts/lease.sh", "long:fp8,g,lr"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         lines = calls.read_text().splitlines()
-        restore = ("attnbench experiment restore --config config/sweeps/long.yaml "
-                   "--rows results/reference/h200/long/pretrain/fp8")
-        assert (restore in lines) is not warm
-        assert any(line.startswith("snakemake results/long/pretrain/fp8/runs.parquet") for line in lines)
-        if not warm:
-            assert lines.index(restore) < next(i for i, l in enumerate(lines) if l.startswith("snakemake results"))
+        restores = [line for line in lines if line.startswith("attnbench experiment restore")]
+        assert restores == ([] if warm else [
+            f"attnbench experiment restore --config config/sweeps/long.yaml "
+            f"--rows results/reference/h200/long/pretrain/{e} --out results/long/pretrain/{e}" for e in ("fp8", "lr")])
+        snakemake = next(i for i, line in enumerate(lines) if line.startswith("snakemake results"))
+        assert lines[snakemake].startswith("snakemake " + " ".join(targets))
+        assert all(lines.index(r) < snakemake for r in restores)
 
 
 def test_a_lease_passes_snakemake_config_as_one_value_on_top_of_the_sweep_file(tmp_path):
