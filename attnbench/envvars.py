@@ -82,9 +82,11 @@ def _wandb_mode(value: str) -> str:
     return value
 
 
+DEADLINE_ENV = "ATTNBENCH_DEADLINE"  # the sweep deadline (:func:`deadline`)
+
 # name: (check, what it is); docs/security.md lists them
 VARIABLES = {
-    "ATTNBENCH_DEADLINE": (_deadline, "Unix time after which no results job starts, and running ones stop"),
+    DEADLINE_ENV: (_deadline, "Unix time after which no results job starts, and running ones stop"),
     "ATTNBENCH_LOCK_DIR": (_lock_dir, "folder of the GPU lease lock files (default: <tmp>/attnbench-gpu-locks)"),
     "ATTNBENCH_GIT_SHA": (_git_sha, "the commit every row records, for copies without .git"),
     "CUDA_VISIBLE_DEVICES": (_visible_devices, "the GPUs a job may lease: comma-separated indices or UUIDs"),
@@ -107,9 +109,6 @@ def check_environment(env: Mapping[str, str] | None = None) -> dict:
         else:
             out[name] = check(value)
     return out
-
-
-DEADLINE_ENV = "ATTNBENCH_DEADLINE"
 
 
 def deadline() -> float | None:
