@@ -44,7 +44,7 @@ def reference_rows(rows: str | Path) -> Path:
 def experiment_folder(out: str | Path, experiment: str) -> Path:
     """``out`` if it is a sweep's folder of ``experiment``, ``results/<sweep>/pretrain/<experiment>`` (relative, no
     ``..``, not under the committed reference rows): where the experiment's job trains (the pipeline's path,
-    ``attnbench.workflow.paths.PRETRAIN_DIR``, passed in by its caller); else one line naming the allowed form."""
+    passed in by its caller); else one line naming the allowed form."""
     form = f"results/<sweep>/pretrain/{experiment} (a sweep's folder, not results/reference/)"
     folder = folder_under(RESULTS_ROOT, out, "--out", form, 4, ConfigError)
     if len(folder.parts) != 4 or folder.parts[1] == REFERENCE_ROOT.name or folder.parts[2:] != ("pretrain", experiment):

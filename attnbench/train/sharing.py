@@ -2,7 +2,7 @@
 
 A run's tokens/s and MFU are its own only if nothing else ran on its GPU meanwhile. The pipeline
 gives every GPU job a whole GPU (``attnbench lease``, which holds a host-wide lock per device and
-sets ``ATTNBENCH_LEASE`` to ``cuda:<id>`` for its child, :mod:`attnbench.workflow.lease`); this module records that, and checks
+sets ``ATTNBENCH_LEASE`` to ``cuda:<id>`` for its child); this module records that, and checks
 it: NVML's list of compute processes on the run's GPU (``nvmlDeviceGetComputeRunningProcesses``) is
 sampled when the run starts, at every evaluation and when it ends.
 
