@@ -120,24 +120,6 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def bounded_int(low: int, high: int):
-    """An argparse type: a whole number from ``low`` to ``high``, else a one-line error saying so."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: a whole number from {low} to {high}")
-        return value
-
-    parse.__name__ = "whole number"
-    return parse
-
-
-THREADS = bounded_int(1, 1024)  # --threads of every command
-
-
 def add_job_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """``--job`` (a plan file, what the workflow passes) or ``--config`` with ``--group`` (standalone)."""
     p.add_argument("--job", help="the job's plan file, results/<sweep>/plan/<stage>/<name>.json (the workflow's way)")

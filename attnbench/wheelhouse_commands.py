@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from attnbench.arguments import bounded_int
+
 
 def _cmd_wheelhouse(args) -> int:
     from attnbench.wheelhouse import Target, WheelhouseError, build_wheelhouse, read_have
@@ -25,7 +27,6 @@ def _cmd_wheelhouse(args) -> int:
 
 
 def add_commands(subparsers) -> None:
-    from attnbench.cli import bounded_int
     from attnbench.wheelhouse import SETS
 
     p = subparsers.add_parser("wheelhouse", help="download optional backends' wheels for an offline GPU host")

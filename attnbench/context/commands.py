@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.arguments import THREADS
 from attnbench.errors import ConfigError
 from attnbench.files import read_parquet
 
@@ -100,8 +101,6 @@ def _cmd_merge(args) -> int:
 
 
 def add_commands(sub) -> None:
-    from attnbench.cli import THREADS
-
     parser = sub.add_parser("context", help="RoPE context extension: capability and cost experiments")
     ctx = parser.add_subparsers(dest="context_command", required=True)
 

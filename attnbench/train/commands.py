@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 
+from attnbench.arguments import THREADS
 from attnbench.errors import ConfigError
 
 
@@ -150,8 +151,6 @@ def add_commands(sub) -> None:
 
 
 def _common(p) -> None:
-    from attnbench.cli import THREADS
-
     p.add_argument("--ceilings", help="ceilings JSON (attnbench ceilings) for MFU; default: measure the matmul rate")
     p.add_argument("--threads", type=THREADS, help="torch CPU threads; default: pretrain.threads")
     p.add_argument("--no-progress", action="store_true")
