@@ -14,6 +14,10 @@ import json
 import sys
 from pathlib import Path
 
+from attnbench.arguments import bounded_int
+
+GPUS = bounded_int(1, 64)  # --gpus of lease: a job's ranks, one GPU each (context_parallel.schema.yaml: world_sizes)
+
 
 def _cmd_env(args) -> int:
     import importlib.metadata
@@ -68,7 +72,7 @@ def _cmd_lease(args) -> int:
     from attnbench.workflow.lease import run_leased, visible_devices
 
     device = args.device if args.device != "auto" else ("cuda" if visible_devices() else "cpu")
-    if args.gpus < 1 or (args.gpus > 1 and device != "cuda"):
+    if args.gpus > 1 and device != "cuda":
         raise SystemExit(f"attnbench lease: --gpus={args.gpus} is not allowed with --device {device}; allowed: "
                          "1, or N >= 1 with --device cuda")
     return run_leased(_inner(args), device, untimed=args.untimed, gpus=args.gpus)
@@ -129,7 +133,7 @@ def add_commands(sub) -> None:
                    help="the device the command times on (auto: cuda when a GPU is visible)")
     p.add_argument("--untimed", action="store_true",
                    help="the command needs the device but times nothing: no CPU lock (a GPU is still leased)")
-    p.add_argument("--gpus", type=int, default=1,
+    p.add_argument("--gpus", type=GPUS, default=1,
                    help="GPUs to lease together, all or none (default 1; more only with --device cuda)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command")
     p.set_defaults(func=_cmd_lease)

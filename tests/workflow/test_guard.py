@@ -136,6 +136,15 @@ def test_lease_command_takes_n_gpus_together_or_refuses(tmp_path, monkeypatch):
         main(["lease", "--device", "cpu", "--gpus", "2", "--", "true"])
 
 
+@pytest.mark.parametrize("gpus", ["0", "two", "1.5", "65"])
+def test_lease_refuses_a_gpu_count_outside_its_range_naming_the_range(gpus, capsys):
+    from attnbench.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["lease", "--device", "cuda", "--gpus", gpus, "--", "true"])
+    assert f"{gpus!r} is not allowed; allowed: a whole number from 1 to 64" in capsys.readouterr().err
+
+
 def _leased_env(tmp_path, *args):
     """Run `attnbench lease ARGS -- python` that writes the ATTNBENCH_LEASE it got; return (exit code, value)."""
     from attnbench.cli import main
