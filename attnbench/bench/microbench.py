@@ -35,7 +35,7 @@ from attnbench.bench.inputs import make_tensors
 from attnbench.bench.numerics import (FP8_REL_ERR_BOUND, Baselines, baselines, check_built, check_numerics,
                                       ratios_vs_best_fused)
 from attnbench.bench.provenance import environment, kernel_names, sm_clock_mhz, timestamp
-from attnbench.bench.results import case_columns, empty_row
+from attnbench.bench.results import MEASURED, case_columns, empty_row
 from attnbench.bench.timing import DRIFT_LIMIT, Rounds, Timing, time_callable
 from attnbench.kernels.registry import Backend, get_backend, safe_available, safe_version
 
@@ -327,7 +327,7 @@ class _Job:
 
 
 def _row_text(row: dict) -> str:
-    if row["status"] not in ("ok", "numerics_fail"):
+    if row["status"] not in MEASURED:
         return row["reason"][:120]
     return (f"{row['ms_median']:.4f} ms [{row['ms_ci_low']:.4f}, {row['ms_ci_high']:.4f}] over "
             f"{row['n_rounds']} rounds, {row['tflops']:.2f} TFLOP/s")

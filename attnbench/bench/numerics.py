@@ -47,10 +47,10 @@ from typing import Callable
 
 import torch
 
-from attnbench.case import Case
 from attnbench.bench.inputs import cast_tensors, make_tensors
+from attnbench.bench.results import MEASURED
+from attnbench.case import Case, Tensors
 from attnbench.kernels.eager import block_attention
-from attnbench.case import Tensors
 from attnbench.workloads.variants import Semantics
 
 BLOCK_BUDGET_BYTES = 2 * 1024**3  # per block of the chunked reference: its scores and its inputs in fp64
@@ -313,7 +313,7 @@ def ratios_vs_best_fused(rows: list[dict], fused: list[bool]) -> list[float]:
 
     best = {}
     for column in ERROR_COLUMNS:
-        values = [r.get(column) for r, f in zip(rows, fused) if f and r.get("status") in ("ok", "numerics_fail")]
+        values = [r.get(column) for r, f in zip(rows, fused) if f and r.get("status") in MEASURED]
         values = [v for v in values if finite(v)]
         if values:
             best[column] = min(values)
@@ -321,5 +321,5 @@ def ratios_vs_best_fused(rows: list[dict], fused: list[bool]) -> list[float]:
     for row in rows:
         ratios = [row[c] / b if b > 0 else (1.0 if row[c] == 0 else math.inf)
                   for c, b in best.items() if finite(row.get(c))]
-        out.append(max(ratios) if ratios and row.get("status") in ("ok", "numerics_fail") else math.nan)
+        out.append(max(ratios) if ratios and row.get("status") in MEASURED else math.nan)
     return out

@@ -16,6 +16,7 @@ import pandas as pd
 from attnbench.case import Case
 
 STATUSES = ("ok", "unsupported", "unavailable", "oom", "error", "timeout", "numerics_fail")
+MEASURED = ("ok", "numerics_fail")  # the statuses of rows that carry a time (numerics_fail was timed, then gated)
 # ok: checked and within the gate; fail: outside it or non-finite (the row's status is numerics_fail);
 # oom/error: the check itself could not run (the row keeps its timing status); off: numerics disabled;
 # not_run: the row was not timed

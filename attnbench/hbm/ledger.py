@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench.bench import conventions
+from attnbench.bench.results import MEASURED
 from attnbench.case import Case
 from attnbench.errors import ConfigError
 
@@ -147,7 +148,7 @@ def kv_measured_table(hbm: pd.DataFrame) -> list[dict]:
         formula = kv_bytes / tokens  # per token per layer: one layer's cache
         ok = r["status"] == "ok"
         ms = r.get("ms_median", float("nan"))
-        timed = _text(r.get("time_status")) in ("ok", "numerics_fail") and pd.notna(ms)
+        timed = _text(r.get("time_status")) in MEASURED and pd.notna(ms)
         peak_bw = r.get("peak_bytes_per_s", float("nan"))
         note = ""
         if case.layout == "mla":

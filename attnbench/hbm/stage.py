@@ -32,7 +32,7 @@ from attnbench.case import Case
 from attnbench.bench.ceilings import Ceilings
 from attnbench.bench.microbench import base_row
 from attnbench.bench.provenance import timestamp
-from attnbench.bench.results import COLUMNS, read_results, to_frame, typed_columns
+from attnbench.bench.results import COLUMNS, MEASURED, read_results, to_frame, typed_columns
 from attnbench.hbm import ncu as ncu_cli
 from attnbench.kernels.registry import get_backend
 
@@ -264,7 +264,7 @@ def _base_row(case: Case, backend_name: str, options: HbmOptions) -> dict:
 def _seconds(row: dict) -> float:
     """The row's median time in seconds when its timing ran (ok, or numerics_fail: timed, then judged)."""
     ms = row.get("ms_median")
-    if row.get("time_status") in ("ok", "numerics_fail") and isinstance(ms, (int, float)) and math.isfinite(ms):
+    if row.get("time_status") in MEASURED and isinstance(ms, (int, float)) and math.isfinite(ms):
         return ms / 1e3
     return float("nan")
 

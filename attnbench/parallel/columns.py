@@ -1,5 +1,7 @@
 """The context-parallel stage's rows: every results column (:data:`attnbench.bench.results.COLUMNS`) plus
-:data:`CP_COLUMNS`, typed by :func:`frame`.
+:data:`CP_COLUMNS`, typed by :func:`frame`; :func:`merge` joins the world sizes' files
+(``attnbench context-parallel-merge``) and fills ``scaling_efficiency`` and ``speedup_vs_1`` from the N=1 row
+of the same case, documents and backend.
 
 How the shared columns read here: ``seq_q = seq_kv`` is the whole (packed) sequence; ``flops``
 the FLOPs of the whole call (:func:`flops`), ``tflops`` the total rate over every GPU;
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 
 from attnbench.bench import conventions
-from attnbench.bench.results import to_frame, typed_columns
+from attnbench.bench.results import MEASURED, to_frame, typed_columns
 from attnbench.case import Case
 from attnbench.parallel.documents import Documents
 
@@ -31,8 +34,8 @@ CP_COLUMNS: dict[str, tuple[str, str]] = {
     "doc_lengths": ("string", "document lengths, ';'-joined (empty when dense)"),
     "tflops_per_gpu": ("number", "tflops / world_size"),
     "scaling_efficiency": ("number", "tflops_per_gpu over the N=1 row's tflops (same case, documents, backend); "
-                                     "filled by the stage's table"),
-    "speedup_vs_1": ("number", "the N=1 row's ms_median over this row's; filled by the stage's table"),
+                                     "filled by attnbench context-parallel-merge"),
+    "speedup_vs_1": ("number", "the N=1 row's ms_median over this row's; filled by attnbench context-parallel-merge"),
     "phase_method": ("string", "how computation and communication were split: ring rows in a serialised pass "
                                "(every exchange waited for before computing) timed with cuda-events or "
                                "wall-clock; PyTorch's context_parallel on CUDA from the profiler's kernel times "
@@ -73,5 +76,18 @@ def flops(case: Case, documents: Documents | None) -> float:
 
 def frame(rows: list[dict]) -> pd.DataFrame:
     """Rows to a frame: results columns first, then :data:`CP_COLUMNS`, typed."""
-    df = typed_columns(to_frame(rows), CP_COLUMNS)
+    return typed_columns(to_frame(rows), CP_COLUMNS)
+
+
+def merge(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """One frame of every world size's rows, with the efficiency against the N=1 row filled."""
+    df = frame(pd.concat(parts, ignore_index=True).to_dict("records")) if parts else frame([])
+    base = df[(df["world_size"] == 1) & df["status"].isin(MEASURED)]
+    base = base.drop_duplicates(list(BASELINE_KEYS)).set_index(list(BASELINE_KEYS))
+    keys = pd.MultiIndex.from_frame(df[list(BASELINE_KEYS)].astype(object))
+    one_tflops = base["tflops_per_gpu"].reindex(keys).to_numpy(dtype=float)
+    one_ms = base["ms_median"].reindex(keys).to_numpy(dtype=float)
+    measured = df["status"].isin(MEASURED).to_numpy()
+    df["scaling_efficiency"] = np.where(measured, df["tflops_per_gpu"].to_numpy(dtype=float) / one_tflops, np.nan)
+    df["speedup_vs_1"] = np.where(measured, one_ms / df["ms_median"].to_numpy(dtype=float), np.nan)
     return df

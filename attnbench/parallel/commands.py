@@ -37,7 +37,7 @@ def _cmd_run(args) -> int:
 def _cmd_merge(args) -> int:
     from attnbench.bench.results import validate_rows, write_atomic
     from attnbench.files import read_parquet
-    from attnbench.report.context_parallel import merge
+    from attnbench.parallel.columns import merge
 
     parts = []
     for path in args.parts:

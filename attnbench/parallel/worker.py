@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from attnbench.bench.inputs import make_tensors
 from attnbench.bench.provenance import environment, sm_clock_mhz, timestamp
-from attnbench.bench.results import empty_row, write_atomic
+from attnbench.bench.results import MEASURED, empty_row, write_atomic
 from attnbench.case import Case, Tensors
 from attnbench.failures import classify, one_line
 from attnbench.parallel import numerics
@@ -216,7 +216,7 @@ def _agree(status: str, reason: str, rank: int) -> tuple[str, str]:
     outcomes = [None] * dist.get_world_size()
     dist.all_gather_object(outcomes, (status, reason))
     for r, (s, why) in enumerate(outcomes):
-        if s not in ("ok", "numerics_fail"):
+        if s not in MEASURED:
             return s, why if r == rank or not why else f"rank {r}: {why}"
     return status, reason
 
@@ -263,7 +263,7 @@ def run_job(job: dict, out: str | None, log=lambda s: print(s, file=sys.stderr, 
         if status == "oom":
             went_oom.setdefault(key, case.seq_kv)
         row.update(status=status, reason=reason[:800], timestamp=timestamp())
-        if row.get("ms_median") and status in ("ok", "numerics_fail"):
+        if row.get("ms_median") and status in MEASURED:
             row["tflops"] = row["flops"] / (row["ms_median"] / 1e3) / 1e12
             row["tflops_per_gpu"] = row["tflops"] / world
         rows.append(row)

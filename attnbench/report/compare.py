@@ -24,9 +24,8 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.bench import stats
-from attnbench.bench.results import ResultsError
+from attnbench.bench.results import MEASURED, ResultsError
 
-MEASURED = ("ok", "numerics_fail")
 WORDS = {stats.SLOWER: "slower", stats.FASTER: "faster", stats.WITHIN_NOISE: "within noise"}
 COLUMNS = ("case", "backend", "status_base", "status_new", "ms_base", "ms_new", "ratio", "ci_low", "ci_high",
            "method", "verdict", "drift_flag", "case_id")

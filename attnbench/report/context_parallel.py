@@ -1,7 +1,5 @@
 """Tables and figures of the context-parallel stage, from its merged rows (docs/context-parallel.md).
 
-:func:`merge` joins the world sizes' files and fills ``scaling_efficiency`` and ``speedup_vs_1``
-from the N=1 row of the same case, documents and backend (``attnbench context-parallel-merge``);
 :func:`build` makes the stage's report outputs from the merged rows (``attnbench tables context_parallel``,
 registered in :mod:`attnbench.report.stages`). Tables (:class:`attnbench.report.artifacts.Table`):
 
@@ -27,9 +25,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from attnbench.parallel.columns import BASELINE_KEYS, frame  # noqa: E402
+from attnbench.parallel.columns import BASELINE_KEYS  # noqa: E402
 from attnbench.report.artifacts import Figure, StageOutputs, Table, fmt, note_table  # noqa: E402
-from attnbench.report.tables import (CASE_DIMS, FLOP_CONVENTION, MEASURED, _cell_pivot, device_text,  # noqa: E402
+from attnbench.bench.results import MEASURED  # noqa: E402
+from attnbench.report.tables import (CASE_DIMS, FLOP_CONVENTION, _cell_pivot, device_text,  # noqa: E402
                                      status_table)
 
 TABLE_NAMES = ("cp_tflops", "cp_efficiency", "cp_phases", "cp_memory", "cp_numerics", "cp_status")
@@ -42,20 +41,6 @@ FIGURE_CAPTIONS = {
                  "communication and the communication the overlapped call leaves exposed",
 }
 GIB = 2 ** 30
-
-
-def merge(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """One frame of every world size's rows, with the efficiency against the N=1 row filled."""
-    df = frame(pd.concat(parts, ignore_index=True).to_dict("records")) if parts else frame([])
-    base = df[(df["world_size"] == 1) & df["status"].isin(MEASURED)]
-    base = base.drop_duplicates(list(BASELINE_KEYS)).set_index(list(BASELINE_KEYS))
-    keys = pd.MultiIndex.from_frame(df[list(BASELINE_KEYS)].astype(object))
-    one_tflops = base["tflops_per_gpu"].reindex(keys).to_numpy(dtype=float)
-    one_ms = base["ms_median"].reindex(keys).to_numpy(dtype=float)
-    measured = df["status"].isin(MEASURED).to_numpy()
-    df["scaling_efficiency"] = np.where(measured, df["tflops_per_gpu"].to_numpy(dtype=float) / one_tflops, np.nan)
-    df["speedup_vs_1"] = np.where(measured, one_ms / df["ms_median"].to_numpy(dtype=float), np.nan)
-    return df
 
 
 def _keys(sub: pd.DataFrame, last: tuple[str, ...]) -> list[str]:

@@ -26,6 +26,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from attnbench.bench.numerics import FP8_REL_ERR_BOUND  # noqa: E402
+from attnbench.bench.results import MEASURED  # noqa: E402
 from attnbench.report.artifacts import Figure  # noqa: E402
 from attnbench.report.tables import FLOP_CONVENTION, PREFILL, device_text, rate_interval, reference_slice  # noqa: E402
 
@@ -157,7 +158,7 @@ def decode_bandwidth(df: pd.DataFrame) -> plt.Figure:
 def error_ratio(df: pd.DataFrame) -> plt.Figure:
     """The numerics gate as the rows were held to it: err_ratio_vs_eager against max_err_ratio, and for
     fp8 backends their error against fp64 beside the fp8 bound (attnbench.bench.numerics)."""
-    sub = df[df["status"].isin(("ok", "numerics_fail"))].dropna(subset=["err_ratio_vs_eager"])
+    sub = df[df["status"].isin(MEASURED)].dropna(subset=["err_ratio_vs_eager"])
     title = f"Numerics gate: error vs fp64 over eager's in the same dtype, {device_text(df)}"
     if sub.empty:
         return placeholder(title, "no rows with numerics")

@@ -31,12 +31,11 @@ import pandas as pd
 
 from attnbench.bench import stats
 from attnbench.bench.numerics import FP8_REL_ERR_BOUND
-from attnbench.bench.results import STATUSES
+from attnbench.bench.results import MEASURED, STATUSES
 from attnbench.config import load_schema
 from attnbench.report.artifacts import Table, fmt, note_table
 
 PREFILL = ("fwd", "fwd_bwd")
-MEASURED = ("ok", "numerics_fail")  # rows that carry a time
 # Case fields that can tell two rows of one table cell apart (seq is the column).
 CASE_DIMS = ("mode", "layout", "batch", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "causal", "dtype",
              "page_size")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from attnbench.bench.results import MEASURED
 from attnbench.report.artifacts import Table, fmt, frame_table, note_table
 from attnbench.report.tables import CASE_DIMS, FLOP_CONVENTION, device_text
 
@@ -47,7 +48,7 @@ def versus_best_table(df: pd.DataFrame) -> Table:
             if mine.empty:
                 continue
             mine = mine.iloc[0]
-            measured = mine["status"] in ("ok", "numerics_fail") and pd.notna(mine["tflops"])
+            measured = mine["status"] in MEASURED and pd.notna(mine["tflops"])
             row[backend] = mine["tflops"] if measured else mine["status"]
             row[f"{backend} / best"] = (mine["tflops"] / row["best_other_tflops"]
                                         if measured and top is not None else float("nan"))

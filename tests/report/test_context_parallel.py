@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from attnbench.case import Case
-from attnbench.parallel.columns import frame
+from attnbench.parallel.columns import frame, merge
 from attnbench.report import context_parallel as cp
 from attnbench.report import stages
 from attnbench.workflow import paths
@@ -30,7 +30,7 @@ ROWS = [row(1, "contiguous", "ring-sdpa-flash", 10.0), row(2, "zigzag", "ring-sd
 
 
 def test_merge_fills_efficiency_from_the_one_gpu_row():
-    df = cp.merge([frame(ROWS)]).set_index(["backend", "world_size", "sharding"])
+    df = merge([frame(ROWS)]).set_index(["backend", "world_size", "sharding"])
     assert df.loc[("ring-sdpa-flash", 2, "zigzag"), "scaling_efficiency"] == pytest.approx(10.0 / (2 * 5.5))
     assert df.loc[("ring-sdpa-flash", 2, "zigzag"), "speedup_vs_1"] == pytest.approx(10.0 / 5.5)
     assert df.loc[("torch-cp-alltoall", 2, "zigzag"), "scaling_efficiency"] == pytest.approx(9.0 / 12.0)
@@ -39,7 +39,7 @@ def test_merge_fills_efficiency_from_the_one_gpu_row():
 
 
 def test_tables_show_the_baseline_under_each_sharding_and_status_words(tmp_path):
-    df = cp.merge([frame(ROWS)])
+    df = merge([frame(ROWS)])
     tables = {t.name: t for t in cp.build_tables(df)}
     assert list(tables) == list(cp.TABLE_NAMES)
     tflops = tables["cp_tflops"].values.reset_index().set_index(["sharding", "backend"])
@@ -58,9 +58,9 @@ def test_memory_fit_follows_the_line_through_the_two_longest_lengths():
 
 
 def test_figures_render_with_rows_and_without(tmp_path):
-    df = cp.merge([frame(ROWS + [row(2, "zigzag", "ring-sdpa-flash", 1.2, seq=16384, compute_ms_max=1.0,
+    df = merge([frame(ROWS + [row(2, "zigzag", "ring-sdpa-flash", 1.2, seq=16384, compute_ms_max=1.0,
                                      compute_ms_mean=0.9, comm_ms=0.3, exposed_comm_ms=0.2)])])
-    for name, rows in (("with", df), ("without", cp.merge([]))):
+    for name, rows in (("with", df), ("without", merge([]))):
         figures = cp.build_figures(rows)
         assert [f.name for f in figures] == list(cp.FIGURE_NAMES) and all(f.caption for f in figures)
         written = [p for f in figures for p in f.write(tmp_path / name)]
@@ -71,7 +71,7 @@ def test_the_stage_registry_writes_the_declared_outputs_from_the_merged_file(tmp
     results = tmp_path / "results" / "s"
     merged = paths.within(results, paths.CP_TABLE)
     merged.parent.mkdir(parents=True)
-    cp.merge([frame(ROWS)]).to_parquet(merged)
+    merge([frame(ROWS)]).to_parquet(merged)
     index = stages.write("context_parallel", results)
     assert [t["name"] for t in index["tables"]] == list(cp.TABLE_NAMES)
     assert [f["name"] for f in index["figures"]] == list(cp.FIGURE_NAMES)
