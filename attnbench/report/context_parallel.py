@@ -25,9 +25,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from attnbench.bench.results import MEASURED  # noqa: E402
 from attnbench.parallel.columns import BASELINE_KEYS  # noqa: E402
 from attnbench.report.artifacts import Figure, StageOutputs, Table, fmt, note_table  # noqa: E402
-from attnbench.bench.results import MEASURED  # noqa: E402
 from attnbench.report.tables import (CASE_DIMS, FLOP_CONVENTION, _cell_pivot, device_text,  # noqa: E402
                                      status_table)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from attnbench.bench.results import MEASURED
 from attnbench.report.artifacts import Figure, Table, fmt, note_table
-from attnbench.report.tables import MEASURED, _caption, ragged
+from attnbench.report.tables import _caption, ragged
 
 GROUP = "workloads"  # a part of the microbench stage's outputs: the report's workloads section shows it
 TABLE_NAMES = ("workload_batches", "workload_throughput", "variant_coverage", "padding_waste")

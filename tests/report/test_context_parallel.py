@@ -59,7 +59,7 @@ def test_memory_fit_follows_the_line_through_the_two_longest_lengths():
 
 def test_figures_render_with_rows_and_without(tmp_path):
     df = merge([frame(ROWS + [row(2, "zigzag", "ring-sdpa-flash", 1.2, seq=16384, compute_ms_max=1.0,
-                                     compute_ms_mean=0.9, comm_ms=0.3, exposed_comm_ms=0.2)])])
+                                  compute_ms_mean=0.9, comm_ms=0.3, exposed_comm_ms=0.2)])])
     for name, rows in (("with", df), ("without", merge([]))):
         figures = cp.build_figures(rows)
         assert [f.name for f in figures] == list(cp.FIGURE_NAMES) and all(f.caption for f in figures)
