@@ -16,7 +16,8 @@ from pathlib import Path
 
 from attnbench.arguments import bounded_int
 
-GPUS = bounded_int(1, 64)  # --gpus of lease: a job's ranks, one GPU each (context_parallel.schema.yaml: world_sizes)
+MAX_GPUS = 64  # a job's ranks, one GPU each: the largest world size context_parallel.schema.yaml admits
+GPUS = bounded_int(1, MAX_GPUS)  # --gpus of lease
 
 
 def _cmd_env(args) -> int:
@@ -74,7 +75,7 @@ def _cmd_lease(args) -> int:
     device = args.device if args.device != "auto" else ("cuda" if visible_devices() else "cpu")
     if args.gpus > 1 and device != "cuda":
         raise SystemExit(f"attnbench lease: --gpus={args.gpus} is not allowed with --device {device}; allowed: "
-                         "1, or N >= 1 with --device cuda")
+                         f"1, or 1 to {MAX_GPUS} with --device cuda")
     return run_leased(_inner(args), device, untimed=args.untimed, gpus=args.gpus)
 
 

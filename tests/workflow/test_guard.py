@@ -132,7 +132,8 @@ def test_lease_command_takes_n_gpus_together_or_refuses(tmp_path, monkeypatch):
         alone = lease.try_lease(lease.visible_devices())  # a one-GPU job still gets the free one
         assert alone[0] == "6"
         alone[1].close()
-    with pytest.raises(SystemExit, match="--gpus=2 is not allowed with --device cpu"):
+    allowed = "allowed: 1, or 1 to 64 with --device cuda"
+    with pytest.raises(SystemExit, match=f"--gpus=2 is not allowed with --device cpu; {allowed}"):
         main(["lease", "--device", "cpu", "--gpus", "2", "--", "true"])
 
 
